@@ -1,0 +1,30 @@
+"""rope-compat: rotary position embedding for LLM inference engines.
+
+vLLM's `rotary_embedding` op with vLLM's exact semantics, FlashInfer's and sgl-kernel's
+names, one `torch.library` op behind them all, served by a CUDA kernel where it is built
+and by a Torch implementation everywhere else.
+"""
+
+__version__ = "0.1.0"
+
+from .api import (
+    apply_rope_inplace_with_cache,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+    batched_rotary_embedding,
+    positions_from_offsets,
+    rotary_embedding,
+)
+from .ops.extension import backend_for, has_cuda_kernel
+
+__all__ = [
+    "__version__",
+    "rotary_embedding",
+    "apply_rope_inplace_with_cache",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
+    "batched_rotary_embedding",
+    "positions_from_offsets",
+    "backend_for",
+    "has_cuda_kernel",
+]

@@ -1,0 +1,123 @@
+"""Public functions: vLLM's op signature, FlashInfer's and sgl-kernel's names, and helpers.
+
+Every rotation goes through one registered op (`torch.ops.rope_compat.rotary_embedding`),
+so eager calls, torch.compile and CUDA graphs all see the same thing. The wrappers stay thin
+on purpose: for decode-sized calls the host time of the wrapper is part of the latency.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .ops import batched_rotary_embedding_op, rotary_embedding_op
+from .ops.checks import raise_translated
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    rope_dim_offset: int = 0,
+    inverse: bool = False,
+) -> None:
+    """Apply rotary embedding to `query` and `key` in place, exactly as vLLM's op does.
+
+    positions: int32/int64 `[T]` or `[B, S]`. query/key: `[*positions.shape, H * head_size]`
+    or `[*positions.shape, H, head_size]`, last dim contiguous, any other strides (slices of a
+    fused qkv tensor work). key may be None. cos_sin_cache: `[max_position, rot_dim]`, each
+    row `[cos | sin]`, any float dtype. Dims `[rope_dim_offset, rope_dim_offset + rot_dim)` of
+    each head rotate, NeoX style (split halves) if `is_neox` else GPT-J style (interleaved);
+    `inverse` rotates by the negative angle.
+    """
+    try:
+        rotary_embedding_op(
+            positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
+        )
+    except RuntimeError as e:  # the compiled kernel's tagged argument errors
+        raise_translated(e)
+
+
+# The name proposed for this API in FlashInfer issue 530; same arguments as vLLM's op.
+apply_rope_inplace_with_cache = rotary_embedding
+
+
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
+    """FlashInfer's in-place API (same argument order and default); any cache dtype."""
+    rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def apply_rope_with_cos_sin_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """FlashInfer's out-of-place API: returns rotated copies, leaves the inputs untouched."""
+    q = query.clone()
+    k = None if key is None else key.clone()
+    rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
+    return q, k
+
+
+def batched_rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    rot_dim: int,
+    cos_sin_cache_offsets: torch.Tensor,
+) -> None:
+    """vLLM's former multi-LoRA op: token t reads cache row `offsets[t] + positions[t]`."""
+    try:
+        batched_rotary_embedding_op(
+            positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets
+        )
+    except RuntimeError as e:
+        raise_translated(e)
+
+
+def positions_from_offsets(
+    indptr: torch.Tensor, offsets: torch.Tensor, num_tokens: Optional[int] = None
+) -> torch.Tensor:
+    """Convert FlashInfer's ragged (indptr, offsets) to per-token positions.
+
+    Request i owns tokens `[indptr[i], indptr[i+1])`, whose positions count up from
+    `offsets[i]`: indptr `[0, 1, 5, 10]`, offsets `[4, 6, 3]` gives
+    `[4, 6, 7, 8, 9, 3, 4, 5, 6, 7]`. Pass `num_tokens` (= indptr[-1]) to avoid reading
+    it back from the device, which would sync the host. Returns int64 on indptr's device.
+    """
+    if indptr.dim() != 1 or indptr.numel() < 1:
+        raise ValueError(f"indptr: expected a 1-D tensor of batch_size + 1 elements, got {tuple(indptr.shape)}")
+    if offsets.dim() != 1 or offsets.numel() != indptr.numel() - 1:
+        raise ValueError(
+            f"offsets: expected {indptr.numel() - 1} elements (one per request), got {tuple(offsets.shape)}"
+        )
+    if indptr.dtype not in (torch.int32, torch.int64) or offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"indptr, offsets: expected integer dtypes, got {indptr.dtype}, {offsets.dtype}")
+    if offsets.device != indptr.device:
+        raise ValueError(f"offsets: on {offsets.device}, but indptr is on {indptr.device}")
+    indptr = indptr.long()
+    if num_tokens is None:
+        num_tokens = int(indptr[-1])
+    lengths = indptr[1:] - indptr[:-1]
+    request = torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=indptr.device), lengths, output_size=num_tokens
+    )
+    token = torch.arange(num_tokens, device=indptr.device)
+    return token - indptr[request] + offsets.long()[request]

@@ -1,0 +1,95 @@
+"""The op schemas, registered once with torch.library, and their Python implementations.
+
+`rope_compat::rotary_embedding` has vLLM's schema, argument names included, so that code
+and compiler passes written against `_C::rotary_embedding` read the same.
+`rope_compat::batched_rotary_embedding` has the schema of vLLM's former multi-LoRA op.
+
+The Torch implementation is registered as CompositeExplicitAutograd: it serves every device
+(the CPU included) for which no backend kernel is registered. The compiled extension, when it
+loads, registers its CUDA kernel for the CUDA dispatch key of these same ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import torch_impl
+from .checks import check_rotary_args
+
+NAMESPACE = "rope_compat"
+
+ROTARY_SCHEMA = (
+    "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+    "Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool inverse=False) -> ()"
+)
+BATCHED_SCHEMA = (
+    "batched_rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+    "Tensor cos_sin_cache, bool is_neox, int rot_dim, Tensor cos_sin_cache_offsets) -> ()"
+)
+
+lib = torch.library.Library(NAMESPACE, "DEF")
+lib.define(ROTARY_SCHEMA)
+lib.define(BATCHED_SCHEMA)
+
+
+def _check_batched_rot_dim(rot_dim: int, cos_sin_cache: torch.Tensor) -> None:
+    if rot_dim != cos_sin_cache.shape[-1]:
+        raise ValueError(
+            f"rot_dim: {rot_dim} must equal cos_sin_cache.shape[1] = {cos_sin_cache.shape[-1]}"
+        )
+
+
+@torch.library.impl(lib, "rotary_embedding", "CompositeExplicitAutograd")
+def _rotary_torch(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    rope_dim_offset: int = 0,
+    inverse: bool = False,
+) -> None:
+    torch_impl.rotary_embedding(
+        positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
+    )
+
+
+@torch.library.impl(lib, "batched_rotary_embedding", "CompositeExplicitAutograd")
+def _batched_torch(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    rot_dim: int,
+    cos_sin_cache_offsets: torch.Tensor,
+) -> None:
+    _check_batched_rot_dim(rot_dim, cos_sin_cache)
+    torch_impl.rotary_embedding(
+        positions, query, key, head_size, cos_sin_cache, is_neox,
+        cache_offsets=cos_sin_cache_offsets,
+    )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rotary_embedding", lib=lib)
+def _rotary_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False):
+    check_rotary_args(
+        positions, query, key, head_size, cos_sin_cache, rope_dim_offset, check_bounds=False
+    )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::batched_rotary_embedding", lib=lib)
+def _batched_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets):
+    _check_batched_rot_dim(rot_dim, cos_sin_cache)
+    check_rotary_args(
+        positions, query, key, head_size, cos_sin_cache,
+        cache_offsets=cos_sin_cache_offsets, check_bounds=False,
+    )
+
+
+rotary_embedding_op = torch.ops.rope_compat.rotary_embedding.default
+batched_rotary_embedding_op = torch.ops.rope_compat.batched_rotary_embedding.default
