@@ -2,16 +2,17 @@
 
 ROPE_COMPAT_BUILD_CUDA=1 forces the CUDA build (failing loudly if it cannot), =0 skips it;
 unset, it is built when the installed torch is a CUDA build and nvcc is found (CUDA_HOME).
-The extension targets PyTorch's stable ABI (torch >= 2.10), so one build serves several
-torch versions. Architectures come from TORCH_CUDA_ARCH_LIST.
+The extension is built against the installed torch's C++ API (see csrc/ops.cpp for why not
+the stable ABI), so it must be rebuilt for another torch version. Architectures come from
+TORCH_CUDA_ARCH_LIST.
 """
 
 import os
 
-from setuptools import find_packages, setup
+from setuptools import Command, find_packages, setup
+from setuptools.command.build import build
 
 DEFAULT_ARCHS = "8.0;9.0;10.0;12.0+PTX"
-STABLE_ABI_TARGET = "0x020a000000000000"  # torch 2.10: the oldest stable ABI we rely on
 
 
 def cuda_extensions():
@@ -32,21 +33,54 @@ def cuda_extensions():
             )
         return [], {}
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
-    define = [f"-DTORCH_TARGET_VERSION={STABLE_ABI_TARGET}"]
     ext = cpp_extension.CUDAExtension(
         name="rope_compat._C",
         sources=["csrc/ops.cpp", "csrc/rotary_embedding_kernel.cu"],
         include_dirs=[os.path.abspath("csrc")],
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++20", *define],
-            "nvcc": ["-O3", "-std=c++17", "-lineinfo", *define],
+            # torch >= 2.14's headers need C++20; the .cu file includes no torch header.
+            "cxx": ["-O3", "-std=c++20"],
+            "nvcc": ["-O3", "-std=c++17", "-lineinfo"],
         },
-        py_limited_api=True,
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension}
 
 
 ext_modules, cmdclass = cuda_extensions()
+
+STARTUP_HOOK = "rope_compat_startup.pth"
+
+
+class BuildStartupHook(Command):
+    """Put the start-up hook (a .pth file, read by the site module) at the wheel's root,
+    which installers copy into site-packages. It does nothing unless ROPE_COMPAT_PATCH is set."""
+
+    description = f"add {STARTUP_HOOK} to the root of the wheel"
+    user_options = []
+
+    def initialize_options(self):
+        self.build_lib = None
+        self.editable_mode = False
+
+    def finalize_options(self):
+        self.set_undefined_options("build_py", ("build_lib", "build_lib"))
+
+    def run(self):
+        # An editable (PEP 660) wheel carries none of build_lib, only a path finder; setuptools
+        # (>= 64) points the install command at the unpacked editable wheel, so write it there.
+        root = self.get_finalized_command("install").install_lib if self.editable_mode else self.build_lib
+        self.copy_file(STARTUP_HOOK, os.path.join(root, STARTUP_HOOK))
+
+    def get_outputs(self):
+        return [os.path.join(self.build_lib, STARTUP_HOOK)]
+
+    def get_source_files(self):
+        return [STARTUP_HOOK]
+
+
+class BuildWithStartupHook(build):
+    sub_commands = build.sub_commands + [("build_startup_hook", None)]
+
 
 setup(
     name="rope-compat",
@@ -64,5 +98,5 @@ setup(
         "vllm.general_plugins": ["rope_compat=rope_compat.compat.plugin:register"],
     },
     ext_modules=ext_modules,
-    cmdclass=cmdclass,
+    cmdclass={**cmdclass, "build": BuildWithStartupHook, "build_startup_hook": BuildStartupHook},
 )

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import glob
+import importlib
 import logging
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 logger = logging.getLogger("rope_compat")
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_state = {"path": None, "error": None}
+_state: dict = {"path": None, "error": None, "module": None}
 
 
 def library_path() -> Optional[str]:
@@ -29,9 +30,10 @@ def load() -> None:
         _state["error"] = "not built (pure-Python install)"
     else:
         try:
-            torch.ops.load_library(path)
+            # Importing it runs its TORCH_LIBRARY_IMPL registrations for the CUDA key.
+            _state["module"] = importlib.import_module("rope_compat._C")
             _state["path"] = path
-        except (OSError, RuntimeError) as e:  # e.g. a CPU-only torch cannot resolve CUDA symbols
+        except ImportError as e:  # e.g. built for another torch, or a CPU-only torch
             _state["error"] = f"failed to load {os.path.basename(path)}: {e}"
     if has_cuda_kernel():
         logger.info("rope_compat: CUDA kernel loaded from %s", _state["path"])
@@ -44,6 +46,11 @@ def has_cuda_kernel() -> bool:
     return _state["path"] is not None and torch._C._dispatch_has_kernel_for_dispatch_key(
         "rope_compat::rotary_embedding", "CUDA"
     )
+
+
+def direct_binding() -> Optional[Any]:
+    """The extension module, whose functions launch the kernel without the dispatcher."""
+    return _state["module"]
 
 
 def load_error() -> Optional[str]:

@@ -1,0 +1,292 @@
+// The CUDA kernel behind rope_compat::rotary_embedding.
+//
+// Work unit: one token, one group of heads, V consecutive rotated pairs. A thread loads the
+// token's position once, the V cos and V sin values once, and reuses them for every head of
+// its group (q heads first, then k heads), so the cache is read once per token and unit.
+// Only the rotated dims are touched: pass-through dims are never read or written.
+//
+// Memory-level parallelism is what makes this op fast: every thread issues all its q/k loads
+// (up to kHeadsPerBatch heads, two 16-byte vectors each) before it waits on anything, and the
+// position -> cache-row chain is issued after them so both latencies overlap.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "rotary_embedding.h"
+
+namespace rope_compat {
+namespace {
+
+constexpr int kBlock = 256;
+
+// Division by a launch-time constant with a multiply and a shift (valid for n < 2^31):
+// a plain integer division costs tens of instructions on the decode critical path.
+struct FastDiv {
+  uint32_t d, mul, shift;
+  explicit FastDiv(uint32_t divisor = 1) : d(divisor), shift(0) {
+    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
+    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
+};
+
+struct Launch {
+  FastDiv units_per_token, units_per_head, seq_len;
+  int32_t groups, token_begin, token_end;
+};
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
+  T v[N];
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(double x) { return static_cast<float>(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
+template <bool kNeox, typename T, int V>
+__device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V], const float (&sn)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int ia = kNeox ? i : 2 * i;
+    const int ib = kNeox ? V + i : 2 * i + 1;
+    const float fa = to_float(run[ia]), fb = to_float(run[ib]);
+    run[ia] = from_float<T>(fa * c[i] - fb * sn[i]);
+    run[ib] = from_float<T>(fb * c[i] + fa * sn[i]);
+  }
+}
+
+template <typename T, typename CT, int V, int kHeadsPerBatch>
+__global__ void __launch_bounds__(kBlock)
+    rotary_kernel(const RotaryParams p, const Launch l) {
+  const uint32_t unit = blockIdx.x * kBlock + threadIdx.x;  // < 2^31: the host splits launches
+  const uint32_t local_token = l.units_per_token.div(unit);
+  const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
+  if (token >= l.token_end) return;
+  const uint32_t rem = unit - local_token * l.units_per_token.d;
+  const int32_t group = static_cast<int32_t>(l.units_per_head.div(rem));
+  const int32_t j = static_cast<int32_t>(rem - group * l.units_per_head.d);
+  const int32_t groups = l.groups;
+
+  // Issue the position load first: the cache-row load depends on it.
+  int64_t row = load_index(p.positions, p.positions_int64, token);
+  if (p.cache_offsets != nullptr) row += load_index(p.cache_offsets, p.offsets_int64, token);
+
+  const int32_t half = p.rot_dim / 2;
+  // The two vectors of V elements this unit rotates, as element offsets within a head.
+  // NeoX pairs (i, i + half); GPT-J pairs (2i, 2i + 1) over the 2V elements [e1, e1 + 2V).
+  const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
+  const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
+
+  const int32_t b = static_cast<int32_t>(l.seq_len.div(token));
+  const int32_t s = token - b * p.seq_len;
+  T* const q_tok = static_cast<T*>(p.query) + b * p.q_batch_stride + s * p.q_token_stride;
+  T* const k_tok = p.key == nullptr
+                       ? nullptr
+                       : static_cast<T*>(p.key) + b * p.k_batch_stride + s * p.k_token_stride;
+  const int32_t heads_total = p.num_heads + (p.key == nullptr ? 0 : p.num_kv_heads);
+
+  float c[V], sn[V];
+  bool have_cos_sin = false;
+  for (int32_t h0 = group; h0 < heads_total; h0 += kHeadsPerBatch * groups) {
+    Vec<T, V> x[kHeadsPerBatch], y[kHeadsPerBatch];
+    T* head[kHeadsPerBatch];
+#pragma unroll
+    for (int m = 0; m < kHeadsPerBatch; ++m) {
+      const int32_t h = h0 + m * groups;
+      head[m] = h < p.num_heads     ? q_tok + h * p.q_head_stride
+                : h < heads_total ? k_tok + (h - p.num_heads) * p.k_head_stride
+                                  : nullptr;
+      if (head[m] != nullptr) {
+        x[m] = *reinterpret_cast<const Vec<T, V>*>(head[m] + e1);
+        y[m] = *reinterpret_cast<const Vec<T, V>*>(head[m] + e2);
+      }
+    }
+    if (!have_cos_sin) {
+      // Rows outside the cache are never read: such a token is left untouched.
+      if (row < 0 || row >= p.cache_rows) return;
+      const CT* cache_row = static_cast<const CT*>(p.cache) + row * p.cache_row_stride + j * V;
+      const Vec<CT, V> cv = *reinterpret_cast<const Vec<CT, V>*>(cache_row);
+      const Vec<CT, V> sv = *reinterpret_cast<const Vec<CT, V>*>(cache_row + half);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        c[i] = to_float(cv.v[i]);
+        sn[i] = p.inverse ? -to_float(sv.v[i]) : to_float(sv.v[i]);
+      }
+      have_cos_sin = true;
+    }
+#pragma unroll
+    for (int m = 0; m < kHeadsPerBatch; ++m) {
+      if (head[m] == nullptr) continue;
+      // The 2V elements [x | y]: NeoX pairs (i, V + i), GPT-J pairs (2i, 2i + 1).
+      T run[2 * V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        run[i] = x[m].v[i];
+        run[V + i] = y[m].v[i];
+      }
+      // Two unrolled copies so that every index is a compile-time constant (registers only).
+      if (p.is_neox) {
+        rotate_run<true, T, V>(run, c, sn);
+      } else {
+        rotate_run<false, T, V>(run, c, sn);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        x[m].v[i] = run[i];
+        y[m].v[i] = run[V + i];
+      }
+      *reinterpret_cast<Vec<T, V>*>(head[m] + e1) = x[m];
+      *reinterpret_cast<Vec<T, V>*>(head[m] + e2) = y[m];
+    }
+  }
+}
+
+int num_sms() {
+  static int cached[64] = {0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cached[dev] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    cached[dev] = n > 0 ? n : 132;
+  }
+  return cached[dev];
+}
+
+// Tuning knobs, read once: ROPE_COMPAT_TUNE="heads_per_batch:max_heads_per_thread".
+struct Tuning {
+  int heads_per_batch = 4, max_heads_per_thread = 8;
+  Tuning() {
+    if (const char* env = std::getenv("ROPE_COMPAT_TUNE")) {
+      std::sscanf(env, "%d:%d", &heads_per_batch, &max_heads_per_thread);
+    }
+  }
+};
+
+template <typename T, typename CT, int V>
+int launch(const RotaryParams& p, cudaStream_t stream) {
+  static const Tuning tune;
+  const int32_t units_per_head = p.rot_dim / 2 / V;
+  const int32_t heads_total = p.num_heads + (p.key == nullptr ? 0 : p.num_kv_heads);
+  // Small calls: one head per thread, for the most parallelism and the shortest chain.
+  // Large calls: several heads per thread, so the cos/sin row is reused and loads batch up.
+  const int64_t work = static_cast<int64_t>(p.num_tokens) * heads_total * units_per_head;
+  const int64_t resident = static_cast<int64_t>(num_sms()) * 2048;
+  const int64_t per_thread =
+      std::min<int64_t>(std::max<int64_t>(work / resident, 1), tune.max_heads_per_thread);
+  Launch l;
+  l.groups = static_cast<int32_t>((heads_total + per_thread - 1) / per_thread);
+  l.units_per_token = FastDiv(static_cast<uint32_t>(l.groups * units_per_head));
+  l.units_per_head = FastDiv(static_cast<uint32_t>(units_per_head));
+  l.seq_len = FastDiv(static_cast<uint32_t>(p.seq_len));
+  // Split huge calls so that every thread index fits in 31 bits.
+  const int64_t tokens_per_launch = std::max<int64_t>(((int64_t{1} << 31) - kBlock) / l.units_per_token.d, 1);
+  for (int64_t begin = 0; begin < p.num_tokens; begin += tokens_per_launch) {
+    l.token_begin = static_cast<int32_t>(begin);
+    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
+    const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * l.units_per_token.d;
+    const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
+    if (per_thread == 1 || tune.heads_per_batch == 1) {
+      rotary_kernel<T, CT, V, 1><<<blocks, kBlock, 0, stream>>>(p, l);
+    } else if (tune.heads_per_batch == 2) {
+      rotary_kernel<T, CT, V, 2><<<blocks, kBlock, 0, stream>>>(p, l);
+    } else {
+      rotary_kernel<T, CT, V, 4><<<blocks, kBlock, 0, stream>>>(p, l);
+    }
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  return 0;
+}
+
+template <typename T, typename CT>
+int dispatch_width(const RotaryParams& p, cudaStream_t stream) {
+  switch (vector_width(p)) {
+    case 8:
+      if constexpr (sizeof(T) == 2) return launch<T, CT, 8>(p, stream);
+      break;
+    case 4: return launch<T, CT, 4>(p, stream);
+    case 2: return launch<T, CT, 2>(p, stream);
+    default: break;
+  }
+  return launch<T, CT, 1>(p, stream);
+}
+
+template <typename T>
+int dispatch_cache(const RotaryParams& p, cudaStream_t stream) {
+  switch (p.cache_dtype) {
+    case DType::kFloat32: return dispatch_width<T, float>(p, stream);
+    case DType::kFloat16: return dispatch_width<T, __half>(p, stream);
+    case DType::kBFloat16: return dispatch_width<T, __nv_bfloat16>(p, stream);
+    case DType::kFloat64: return dispatch_width<T, double>(p, stream);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int element_size(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    default: return 2;
+  }
+}
+
+bool aligned(const void* ptr, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
+}
+
+}  // namespace
+
+int vector_width(const RotaryParams& p) {
+  const int es = element_size(p.dtype), ces = element_size(p.cache_dtype);
+  const int32_t half = p.rot_dim / 2;
+  for (int v = 16 / es; v > 1; v /= 2) {
+    const int64_t a = static_cast<int64_t>(v) * es;               // q/k vector bytes
+    const int64_t ca = std::min<int64_t>(16, static_cast<int64_t>(v) * ces);  // cache
+    bool ok = half % v == 0 && p.rope_dim_offset % v == 0 && aligned(p.query, a) &&
+              (p.q_batch_stride * es) % a == 0 && (p.q_token_stride * es) % a == 0 &&
+              (p.q_head_stride * es) % a == 0 && aligned(p.cache, ca) &&
+              (p.cache_row_stride * ces) % ca == 0 && (half * ces) % ca == 0;
+    if (p.key != nullptr) {
+      ok = ok && aligned(p.key, a) && (p.k_batch_stride * es) % a == 0 &&
+           (p.k_token_stride * es) % a == 0 && (p.k_head_stride * es) % a == 0;
+    }
+    if (ok) return v;
+  }
+  return 1;
+}
+
+int launch_rotary_embedding(const RotaryParams& p, void* stream) {
+  if (p.num_tokens == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (p.dtype) {
+    case DType::kFloat32: return dispatch_cache<float>(p, s);
+    case DType::kFloat16: return dispatch_cache<__half>(p, s);
+    case DType::kBFloat16: return dispatch_cache<__nv_bfloat16>(p, s);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+}  // namespace rope_compat
