@@ -1,26 +1,25 @@
-// CUDA implementation of rope_compat::rotary_embedding and ::batched_rotary_embedding.
+// Host side of the CUDA kernel: argument checks, then the launch on the current stream.
 //
-// Two entry points share one checked launcher:
-//  * the dispatcher: TORCH_LIBRARY_IMPL registers it for the CUDA key of the ops whose schemas
-//    rope_compat/ops/library.py defines, for torch.compile, CUDA graphs and torch.ops callers;
-//  * a direct pybind11 binding, which the Python API uses for eager CUDA calls: a dispatcher
-//    round trip costs several microseconds of host time, as much as a decode-sized kernel.
-// PyTorch's stable ABI was the first choice; it is not used because its boxed calling
-// convention alone costs about 11 us per eager call, and an exception thrown from a stable
-// boxed kernel crashed the process on torch 2.11 at the next call.
+// The Python package calls these functions directly (a pybind11 binding, no dispatcher: a
+// dispatcher round trip costs several microseconds of host time, as much as a decode-sized
+// kernel) and registers them as the CUDA kernels of the ops whose schemas
+// rope_compat/ops/library.py defines (rope_compat/ops/cuda.py).
 //
-// The argument checks mirror rope_compat/ops/checks.py message for message and raise the same
-// Python types (TORCH_CHECK_VALUE -> ValueError, TORCH_CHECK_TYPE -> TypeError). Nothing here
-// reads device memory, so the op never syncs the host; position bounds are enforced by the
-// kernel, which leaves tokens with out-of-range positions untouched.
+// Errors come back as a return value, (exception name, message), never as a C++ exception:
+// an exception thrown from this library and caught in torch's crashed the process at the
+// next error on a machine whose compiler runtime differed from torch's build. PyTorch's stable
+// ABI was the first choice of binding; its boxed calling convention alone cost ~11 us per call.
+//
+// The checks mirror rope_compat/ops/checks.py message for message. Nothing here reads device
+// memory, so the op never syncs the host; position bounds are enforced by the kernel, which
+// leaves tokens with out-of-range positions untouched.
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/library.h>
 
 #include <optional>
-#include <sstream>
+#include <type_traits>
 #include <string>
 
 #include "rotary_embedding.h"
@@ -28,24 +27,39 @@
 namespace rope_compat {
 namespace {
 
+namespace py = pybind11;
 using at::Tensor;
 using c10::ScalarType;
 
+// An argument error: the Python exception's name and its message.
+struct Failure {
+  const char* kind;
+  std::string message;
+};
+
+// Messages are built without iostreams: formatting a number through std::ostream crashed the
+// process where torch and this library had different C++ runtimes (their locale facets differ).
+inline void append(std::string& out, const char* s) { out += s; }
+inline void append(std::string& out, const std::string& s) { out += s; }
+template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
+inline void append(std::string& out, Int v) { out += std::to_string(v); }
+
 template <typename... Args>
-[[noreturn]] void fail(const char* kind, const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  const std::string kind_name(kind);
-  if (kind_name == "TypeError") TORCH_CHECK_TYPE(false, os.str());
-  TORCH_CHECK_VALUE(false, os.str());
+Failure fail(const char* kind, const Args&... args) {
+  std::string message;
+  (append(message, args), ...);
+  return Failure{kind, std::move(message)};
 }
 
+#define RETURN_IF_FAILED(expr)          \
+  do {                                  \
+    if (auto f_ = (expr)) return f_;    \
+  } while (0)
+
 std::string shape_of(const Tensor& t) {
-  std::ostringstream os;
-  os << "(";
-  for (int64_t d = 0; d < t.dim(); ++d) os << (d ? ", " : "") << t.size(d);
-  os << (t.dim() == 1 ? ",)" : ")");
-  return os.str();
+  std::string out = "(";
+  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
+  return out + (t.dim() == 1 ? ",)" : ")");
 }
 
 const char* dtype_name(ScalarType t) {
@@ -79,113 +93,115 @@ struct Layout {
 };
 
 // Mirrors checks._heads: the layout of q or k relative to positions.
-Layout heads_layout(const char* name, const Tensor& x, const Tensor& positions, int64_t head_size) {
+std::optional<Failure> heads_layout(const char* name, const Tensor& x, const Tensor& positions,
+                                    int64_t head_size, Layout& l) {
   const int64_t pd = positions.dim();
   if (x.dim() != pd + 1 && x.dim() != pd + 2) {
-    fail("ValueError", name, ": expected ", pd + 1, " dims [*positions.shape, heads * head_size] or ",
+    return fail("ValueError", name, ": expected ", pd + 1, " dims [*positions.shape, heads * head_size] or ",
          pd + 2, " dims [*positions.shape, heads, head_size], got shape ", shape_of(x));
   }
   for (int64_t d = 0; d < pd; ++d) {
     if (x.size(d) != positions.size(d)) {
-      fail("ValueError", name, ": leading dims must match positions.shape ", shape_of(positions),
+      return fail("ValueError", name, ": leading dims must match positions.shape ", shape_of(positions),
            " (the same number of tokens), got shape ", shape_of(x));
     }
   }
-  Layout l{};
   if (x.dim() == pd + 2) {
     if (x.size(-1) != head_size) {
-      fail("ValueError", name, ": last dim is ", x.size(-1), ", expected head_size=", head_size);
+      return fail("ValueError", name, ": last dim is ", x.size(-1), ", expected head_size=", head_size);
     }
     l.heads = x.size(-2);
     l.head_stride = x.stride(-2);
   } else {
     if (x.size(-1) % head_size != 0) {
-      fail("ValueError", name, ": hidden size ", x.size(-1), " is not divisible by head_size=", head_size);
+      return fail("ValueError", name, ": hidden size ", x.size(-1), " is not divisible by head_size=", head_size);
     }
     l.heads = x.size(-1) / head_size;
     l.head_stride = head_size;
   }
   if (x.numel() > 0 && x.stride(-1) != 1) {
-    fail("ValueError", name, ": last dim must be contiguous (stride 1), got stride ", x.stride(-1));
+    return fail("ValueError", name, ": last dim must be contiguous (stride 1), got stride ", x.stride(-1));
   }
   l.batch_stride = pd == 2 ? x.stride(0) : 0;
   l.token_stride = x.stride(pd - 1);
-  return l;
+  return std::nullopt;
 }
 
-void check_device(const char* name, const Tensor& t, const Tensor& positions) {
+std::optional<Failure> check_device(const char* name, const Tensor& t, const Tensor& positions) {
   if (t.device() != positions.device()) {
-    fail("ValueError", name, ": on device ", t.device(), ", but positions is on ", positions.device(),
+    return fail("ValueError", name, ": on device ", t.device().str(), ", but positions is on ",
+                positions.device().str(),
          "; all tensors must be on one device");
   }
+  return std::nullopt;
 }
 
-void run(const Tensor& positions, const Tensor& query, const std::optional<Tensor>& key,
+std::optional<Failure> run(const Tensor& positions, const Tensor& query, const std::optional<Tensor>& key,
          int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
          const std::optional<Tensor>& offsets) {
   if (!is_index_dtype(positions.scalar_type())) {
-    fail("TypeError", "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
+    return fail("TypeError", "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
   }
   if (positions.dim() != 1 && positions.dim() != 2) {
-    fail("ValueError", "positions: expected shape [num_tokens] or [batch, seq_len], got ", shape_of(positions));
+    return fail("ValueError", "positions: expected shape [num_tokens] or [batch, seq_len], got ", shape_of(positions));
   }
-  if (!positions.is_contiguous()) fail("ValueError", "positions: must be contiguous");
+  if (!positions.is_contiguous()) return fail("ValueError", "positions: must be contiguous");
   const auto dtype = float_dtype(query.scalar_type(), false);
   if (!dtype) {
-    fail("TypeError", "query: expected dtype float32, float16 or bfloat16, got ", dtype_name(query.scalar_type()));
+    return fail("TypeError", "query: expected dtype float32, float16 or bfloat16, got ", dtype_name(query.scalar_type()));
   }
   if (key && key->scalar_type() != query.scalar_type()) {
-    fail("TypeError", "key: dtype ", dtype_name(key->scalar_type()), " must equal query's dtype ",
+    return fail("TypeError", "key: dtype ", dtype_name(key->scalar_type()), " must equal query's dtype ",
          dtype_name(query.scalar_type()));
   }
   const auto cache_dtype = float_dtype(cache.scalar_type(), true);
   if (!cache_dtype) {
-    fail("TypeError", "cos_sin_cache: expected a float dtype (float32, float16, bfloat16, float64), got ",
+    return fail("TypeError", "cos_sin_cache: expected a float dtype (float32, float16, bfloat16, float64), got ",
          dtype_name(cache.scalar_type()));
   }
-  check_device("query", query, positions);
-  check_device("cos_sin_cache", cache, positions);
-  if (key) check_device("key", *key, positions);
-  if (offsets) check_device("cos_sin_cache_offsets", *offsets, positions);
-  if (head_size <= 0) fail("ValueError", "head_size: must be positive, got ", head_size);
+  RETURN_IF_FAILED(check_device("query", query, positions));
+  RETURN_IF_FAILED(check_device("cos_sin_cache", cache, positions));
+  if (key) RETURN_IF_FAILED(check_device("key", *key, positions));
+  if (offsets) RETURN_IF_FAILED(check_device("cos_sin_cache_offsets", *offsets, positions));
+  if (head_size <= 0) return fail("ValueError", "head_size: must be positive, got ", head_size);
   if (cache.dim() != 2) {
-    fail("ValueError", "cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape ", shape_of(cache));
+    return fail("ValueError", "cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape ", shape_of(cache));
   }
   const int64_t rot_dim = cache.size(1);
   if (rot_dim <= 0 || rot_dim % 2 != 0) {
-    fail("ValueError", "cos_sin_cache: rot_dim (size of dim 1) must be even and positive, got ", rot_dim);
+    return fail("ValueError", "cos_sin_cache: rot_dim (size of dim 1) must be even and positive, got ", rot_dim);
   }
   if (cache.numel() > 0 && cache.stride(1) != 1) {
-    fail("ValueError", "cos_sin_cache: last dim must be contiguous (stride 1)");
+    return fail("ValueError", "cos_sin_cache: last dim must be contiguous (stride 1)");
   }
-  if (rope_dim_offset < 0) fail("ValueError", "rope_dim_offset: must be >= 0, got ", rope_dim_offset);
+  if (rope_dim_offset < 0) return fail("ValueError", "rope_dim_offset: must be >= 0, got ", rope_dim_offset);
   if (rope_dim_offset + rot_dim > head_size) {
-    fail("ValueError", "rope_dim_offset + rot_dim = ", rope_dim_offset, " + ", rot_dim,
+    return fail("ValueError", "rope_dim_offset + rot_dim = ", rope_dim_offset, " + ", rot_dim,
          " exceeds head_size=", head_size);
   }
-  const Layout q = heads_layout("query", query, positions, head_size);
-  Layout k{};
+  Layout q{}, k{};
+  RETURN_IF_FAILED(heads_layout("query", query, positions, head_size, q));
   if (key) {
-    k = heads_layout("key", *key, positions, head_size);
+    RETURN_IF_FAILED(heads_layout("key", *key, positions, head_size, k));
     if (k.heads == 0 || q.heads % k.heads != 0) {
-      fail("ValueError", "key: query heads (", q.heads, ") must be a multiple of key heads (", k.heads, ")");
+      return fail("ValueError", "key: query heads (", q.heads, ") must be a multiple of key heads (", k.heads, ")");
     }
   }
   const int64_t num_tokens = positions.numel();
   if (offsets) {
     if (!is_index_dtype(offsets->scalar_type())) {
-      fail("TypeError", "cos_sin_cache_offsets: expected dtype int32 or int64, got ",
+      return fail("TypeError", "cos_sin_cache_offsets: expected dtype int32 or int64, got ",
            dtype_name(offsets->scalar_type()));
     }
     if (offsets->numel() != num_tokens || !offsets->is_contiguous()) {
-      fail("ValueError", "cos_sin_cache_offsets: expected a contiguous tensor of ", num_tokens,
+      return fail("ValueError", "cos_sin_cache_offsets: expected a contiguous tensor of ", num_tokens,
            " elements (one per token), got shape ", shape_of(*offsets));
     }
   }
   if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
-    fail("ValueError", "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
+    return fail("ValueError", "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
   }
-  if (num_tokens == 0 || q.heads == 0) return;
+  if (num_tokens == 0 || q.heads == 0) return std::nullopt;
 
   RotaryParams p{};
   p.positions = positions.const_data_ptr();
@@ -219,49 +235,43 @@ void run(const Tensor& positions, const Tensor& query, const std::optional<Tenso
   if (positions.get_device() != c10::cuda::current_device()) guard.emplace(positions.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(positions.get_device()).stream();
   const int err = launch_rotary_embedding(p, stream);
-  TORCH_CHECK(err == 0, "rope_compat: CUDA kernel launch failed: ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)));
-}
-
-void rotary_embedding(const Tensor& positions, const Tensor& query, const std::optional<Tensor>& key,
-                      int64_t head_size, const Tensor& cos_sin_cache, bool is_neox, int64_t rope_dim_offset,
-                      bool inverse) {
-  run(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse, std::nullopt);
-}
-
-void batched_rotary_embedding(const Tensor& positions, const Tensor& query,
-                              const std::optional<Tensor>& key, int64_t head_size,
-                              const Tensor& cos_sin_cache, bool is_neox, int64_t rot_dim,
-                              const Tensor& cos_sin_cache_offsets) {
-  if (cos_sin_cache.dim() >= 1 && rot_dim != cos_sin_cache.size(-1)) {
-    fail("ValueError", "rot_dim: ", rot_dim, " must equal cos_sin_cache.shape[1] = ", cos_sin_cache.size(-1));
+  if (err != 0) {
+    return Failure{"RuntimeError", std::string("rope_compat: CUDA kernel launch failed: ") +
+                                       cudaGetErrorString(static_cast<cudaError_t>(err))};
   }
-  run(positions, query, key, head_size, cos_sin_cache, is_neox, 0, false, cos_sin_cache_offsets);
+  return std::nullopt;
+}
+
+// None on success, else (exception name, message) for the Python caller to raise.
+py::object to_python(const std::optional<Failure>& f) {
+  if (!f) return py::none();
+  return py::make_tuple(f->kind, f->message);
+}
+
+py::object rotary_embedding(const Tensor& positions, const Tensor& query, const std::optional<Tensor>& key,
+                            int64_t head_size, const Tensor& cos_sin_cache, bool is_neox,
+                            int64_t rope_dim_offset, bool inverse) {
+  return to_python(run(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
+                       inverse, std::nullopt));
+}
+
+py::object batched_rotary_embedding(const Tensor& positions, const Tensor& query,
+                                    const std::optional<Tensor>& key, int64_t head_size,
+                                    const Tensor& cos_sin_cache, bool is_neox, int64_t rot_dim,
+                                    const Tensor& cos_sin_cache_offsets) {
+  if (cos_sin_cache.dim() >= 1 && rot_dim != cos_sin_cache.size(-1)) {
+    return to_python(fail("ValueError", "rot_dim: ", rot_dim, " must equal cos_sin_cache.shape[1] = ",
+                          cos_sin_cache.size(-1)));
+  }
+  return to_python(run(positions, query, key, head_size, cos_sin_cache, is_neox, 0, false,
+                       cos_sin_cache_offsets));
 }
 
 }  // namespace
 }  // namespace rope_compat
 
-// Mutated tensors arrive as `Tensor&` in the dispatcher's calling convention for (a!) args.
-TORCH_LIBRARY_IMPL(rope_compat, CUDA, m) {
-  m.impl("rotary_embedding",
-         [](const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
-            int64_t head_size, const at::Tensor& cache, bool is_neox, int64_t rope_dim_offset,
-            bool inverse) {
-           rope_compat::rotary_embedding(positions, query, key, head_size, cache, is_neox,
-                                         rope_dim_offset, inverse);
-         });
-  m.impl("batched_rotary_embedding",
-         [](const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
-            int64_t head_size, const at::Tensor& cache, bool is_neox, int64_t rot_dim,
-            const at::Tensor& offsets) {
-           rope_compat::batched_rotary_embedding(positions, query, key, head_size, cache, is_neox,
-                                                 rot_dim, offsets);
-         });
-}
-
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "rope-compat CUDA kernels (also registered as torch.ops.rope_compat.*)";
-  m.def("rotary_embedding", &rope_compat::rotary_embedding, "Eager entry point, no dispatcher");
+  m.doc() = "rope-compat CUDA kernels; each function returns None or (exception name, message)";
+  m.def("rotary_embedding", &rope_compat::rotary_embedding);
   m.def("batched_rotary_embedding", &rope_compat::batched_rotary_embedding);
 }

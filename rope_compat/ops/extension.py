@@ -30,8 +30,12 @@ def load() -> None:
         _state["error"] = "not built (pure-Python install)"
     else:
         try:
-            # Importing it runs its TORCH_LIBRARY_IMPL registrations for the CUDA key.
-            _state["module"] = importlib.import_module("rope_compat._C")
+            module = importlib.import_module("rope_compat._C")
+            from . import cuda
+            from .library import lib
+
+            cuda.register(lib, module)
+            _state["module"] = module
             _state["path"] = path
         except ImportError as e:  # e.g. built for another torch, or a CPU-only torch
             _state["error"] = f"failed to load {os.path.basename(path)}: {e}"
