@@ -16,6 +16,11 @@ from .api import (
     rotary_embedding,
 )
 from .ops.extension import backend_for, has_cuda_kernel
+from .rope import MRotaryEmbedding, RotaryEmbedding, compute_cos_sin_cache, get_rope
+from .compat.alias import install_vllm_alias, uninstall_vllm_alias
+from .compat.sgl import FusedSetKVBufferArg
+from .compat.status import PatchStatus, patch_status
+from .compat.vllm_patch import UnsupportedVllmError, patch_vllm, unpatch_vllm, vllm_patched
 
 __all__ = [
     "__version__",
@@ -27,4 +32,17 @@ __all__ = [
     "positions_from_offsets",
     "backend_for",
     "has_cuda_kernel",
+    "compute_cos_sin_cache",
+    "RotaryEmbedding",
+    "MRotaryEmbedding",
+    "get_rope",
+    "patch_vllm",
+    "unpatch_vllm",
+    "vllm_patched",
+    "patch_status",
+    "PatchStatus",
+    "UnsupportedVllmError",
+    "install_vllm_alias",
+    "uninstall_vllm_alias",
+    "FusedSetKVBufferArg",
 ]

@@ -11,8 +11,39 @@ from typing import Optional, Tuple
 
 import torch
 
-from .ops import batched_rotary_embedding_op, rotary_embedding_op
-from .ops.checks import raise_translated
+from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
+from .ops.cuda import raise_failure
+
+# The compiled module's functions launch the CUDA kernel without a dispatcher round trip,
+# which costs more host time than a decode-sized kernel. Eager CUDA calls use them; traced
+# calls (torch.compile) and every other device go through the registered op.
+_direct = extension.direct_binding()
+# is_dynamo_compiling is a constant False in eager code (cheaper than is_compiling).
+_is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+
+# On the CPU the op's kernel is the Torch implementation, a Python function: the dispatcher's
+# round trip into it costs more host time than a decode-sized rotation. Plain eager calls
+# therefore call it directly, which does exactly what the op would. Everything the dispatcher
+# would make a difference for still goes through the op: tracing and compiling, tensor
+# subclasses (fake tensors), dispatch and function modes, functorch transforms, autograd
+# (tensors that require grad), and a compiled CPU kernel if one is registered.
+_torch_impl_serves_cpu = not torch._C._dispatch_has_kernel_for_dispatch_key(
+    "rope_compat::rotary_embedding", "CPU"
+)
+
+
+def _plain_eager_cpu(query: torch.Tensor, key: Optional[torch.Tensor]) -> bool:
+    return (
+        _torch_impl_serves_cpu
+        and type(query) is torch.Tensor
+        and query.is_cpu
+        and not query.requires_grad
+        and (key is None or (type(key) is torch.Tensor and not key.requires_grad))
+        and not _is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch._C._are_functorch_transforms_active()
+    )
 
 
 def rotary_embedding(
@@ -34,12 +65,26 @@ def rotary_embedding(
     each head rotate, NeoX style (split halves) if `is_neox` else GPT-J style (interleaved);
     `inverse` rotates by the negative angle.
     """
-    try:
+    if (
+        _direct is not None
+        and query.is_cuda
+        and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and not _is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+    ):
+        failure = _direct.rotary_embedding(
+            positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
+        )
+        if failure is not None:
+            raise_failure(failure)
+    elif _plain_eager_cpu(query, key):
+        torch_impl.rotary_embedding(
+            positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
+        )
+    else:
         rotary_embedding_op(
             positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
         )
-    except RuntimeError as e:  # the compiled kernel's tagged argument errors
-        raise_translated(e)
 
 
 # The name proposed for this API in FlashInfer issue 530; same arguments as vLLM's op.
@@ -53,9 +98,27 @@ def apply_rope_with_cos_sin_cache_inplace(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
+    fused_set_kv_buffer_arg: Optional["FusedSetKVBufferArg"] = None,
+    enable_pdl: Optional[bool] = None,
 ) -> None:
-    """FlashInfer's in-place API (same argument order and default); any cache dtype."""
+    """FlashInfer's and sgl-kernel's in-place API (same arguments and defaults); any cache dtype.
+
+    With `fused_set_kv_buffer_arg` (sgl-kernel's `FusedSetKVBufferArg` or ours), the rotated
+    key and the value are also stored at rows `cache_loc` of `k_buffer` and `v_buffer`.
+    """
+    # enable_pdl asks sgl-kernel to launch with programmatic dependent launch (Hopper and
+    # newer: the kernel's prologue overlaps the previous kernel's tail). It changes timing
+    # only, never results, and our kernel does not use it, so it is accepted and ignored.
+    del enable_pdl
+    store_kv = None
+    if fused_set_kv_buffer_arg is not None:
+        from .compat.sgl import kv_buffer_writer  # only this path needs it
+
+        # Checked before the rotation, so a bad argument leaves query and key untouched.
+        store_kv = kv_buffer_writer(fused_set_kv_buffer_arg, key, positions.numel(), head_size)
     rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+    if store_kv is not None:
+        store_kv()
 
 
 def apply_rope_with_cos_sin_cache(
@@ -84,12 +147,9 @@ def batched_rotary_embedding(
     cos_sin_cache_offsets: torch.Tensor,
 ) -> None:
     """vLLM's former multi-LoRA op: token t reads cache row `offsets[t] + positions[t]`."""
-    try:
-        batched_rotary_embedding_op(
-            positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets
-        )
-    except RuntimeError as e:
-        raise_translated(e)
+    batched_rotary_embedding_op(
+        positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets
+    )
 
 
 def positions_from_offsets(

@@ -1,10 +1,10 @@
 """Argument checks for the rotary ops: the one statement of what the op accepts.
 
 The Torch implementation and the fake (meta) implementation call `check_rotary_args`.
-The CUDA kernel repeats the same checks in C++ (csrc/rotary_embedding.cpp), because a
-Python pre-check would cost more host time per eager call than the kernel launch itself;
-its messages carry a `[ValueError]`-style tag that `raise_translated` turns back into the
-Python exception type, so every backend raises the same type naming the same argument.
+The CUDA kernel repeats the same checks in C++ (csrc/ops.cpp), because a Python pre-check
+would cost more host time per eager call than the kernel launch itself; it returns the
+exception's name and message, which rope_compat/ops/cuda.py raises, so every backend raises
+the same type naming the same argument.
 
 Checks never read tensor data on an accelerator (that would sync the host). Position
 bounds are therefore checked only for CPU tensors; on other devices a token whose
@@ -21,7 +21,6 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POSITION_DTYPES = (torch.int32, torch.int64)
 
-_TAGS = {"[ValueError] ": ValueError, "[TypeError] ": TypeError, "[IndexError] ": IndexError}
 
 
 class RotaryShape(NamedTuple):
@@ -31,30 +30,30 @@ class RotaryShape(NamedTuple):
     rot_dim: int
 
 
-def _heads(name: str, x: torch.Tensor, positions: torch.Tensor, head_size: int) -> int:
-    """Number of heads in `x`, after checking its layout against `positions`."""
-    pd = positions.dim()
-    if x.dim() not in (pd + 1, pd + 2):
+def _heads(name: str, x: torch.Tensor, token_shape: torch.Size, head_size: int) -> int:
+    """Number of heads in `x`, after checking its layout against the token dims."""
+    shape, pd = x.shape, len(token_shape)
+    if len(shape) not in (pd + 1, pd + 2):
         raise ValueError(
             f"{name}: expected {pd + 1} dims [*positions.shape, heads * head_size] or "
-            f"{pd + 2} dims [*positions.shape, heads, head_size], got shape {tuple(x.shape)}"
+            f"{pd + 2} dims [*positions.shape, heads, head_size], got shape {tuple(shape)}"
         )
-    if tuple(x.shape[:pd]) != tuple(positions.shape):
+    if shape[:pd] != token_shape:
         raise ValueError(
-            f"{name}: leading dims {tuple(x.shape[:pd])} must match positions.shape "
-            f"{tuple(positions.shape)} (the same number of tokens)"
+            f"{name}: leading dims {tuple(shape[:pd])} must match positions.shape "
+            f"{tuple(token_shape)} (the same number of tokens)"
         )
-    if x.dim() == pd + 2:
-        if x.shape[-1] != head_size:
-            raise ValueError(f"{name}: last dim is {x.shape[-1]}, expected head_size={head_size}")
-        heads = x.shape[-2]
+    if len(shape) == pd + 2:
+        if shape[-1] != head_size:
+            raise ValueError(f"{name}: last dim is {shape[-1]}, expected head_size={head_size}")
+        heads = shape[-2]
     else:
-        if x.shape[-1] % head_size != 0:
+        if shape[-1] % head_size != 0:
             raise ValueError(
-                f"{name}: hidden size {x.shape[-1]} is not divisible by head_size={head_size}"
+                f"{name}: hidden size {shape[-1]} is not divisible by head_size={head_size}"
             )
-        heads = x.shape[-1] // head_size
-    if x.numel() > 0 and x.stride(-1) != 1:
+        heads = shape[-1] // head_size
+    if x.stride(-1) != 1 and x.numel() > 0:
         raise ValueError(f"{name}: last dim must be contiguous (stride 1), got stride {x.stride(-1)}")
     return heads
 
@@ -69,46 +68,50 @@ def check_rotary_args(
     cache_offsets: Optional[torch.Tensor] = None,
     check_bounds: bool = True,
 ) -> RotaryShape:
-    """Raise ValueError/TypeError/IndexError naming the bad argument; return derived sizes."""
+    """Raise ValueError/TypeError/IndexError naming the bad argument; return derived sizes.
+
+    Eager CPU calls run this on every call, so it reads each tensor attribute once.
+    """
+    token_shape = positions.shape
     if positions.dtype not in POSITION_DTYPES:
         raise TypeError(f"positions: expected dtype int32 or int64, got {positions.dtype}")
-    if positions.dim() not in (1, 2):
+    if len(token_shape) not in (1, 2):
         raise ValueError(
-            f"positions: expected shape [num_tokens] or [batch, seq_len], got {tuple(positions.shape)}"
+            f"positions: expected shape [num_tokens] or [batch, seq_len], got {tuple(token_shape)}"
         )
     if not positions.is_contiguous():
         raise ValueError("positions: must be contiguous")
-    if query.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"query: expected dtype float32, float16 or bfloat16, got {query.dtype}")
-    if key is not None and key.dtype != query.dtype:
-        raise TypeError(f"key: dtype {key.dtype} must equal query's dtype {query.dtype}")
+    dtype = query.dtype
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"query: expected dtype float32, float16 or bfloat16, got {dtype}")
+    if key is not None and key.dtype != dtype:
+        raise TypeError(f"key: dtype {key.dtype} must equal query's dtype {dtype}")
     if cos_sin_cache.dtype not in CACHE_DTYPES:
         raise TypeError(
             f"cos_sin_cache: expected a float dtype (float32, float16, bfloat16, float64), "
             f"got {cos_sin_cache.dtype}"
         )
-    tensors = [("positions", positions), ("query", query), ("cos_sin_cache", cos_sin_cache)]
-    if key is not None:
-        tensors.append(("key", key))
-    if cache_offsets is not None:
-        tensors.append(("cos_sin_cache_offsets", cache_offsets))
-    for name, t in tensors[1:]:
-        if t.device != positions.device:
+    device = positions.device
+    for name, t in (
+        ("query", query), ("key", key), ("cos_sin_cache", cos_sin_cache),
+        ("cos_sin_cache_offsets", cache_offsets),
+    ):
+        if t is not None and t.device != device:
             raise ValueError(
-                f"{name}: on device {t.device}, but positions is on {positions.device}; "
+                f"{name}: on device {t.device}, but positions is on {device}; "
                 "all tensors must be on one device"
             )
     if head_size <= 0:
         raise ValueError(f"head_size: must be positive, got {head_size}")
-    if cos_sin_cache.dim() != 2:
+    cache_shape = cos_sin_cache.shape
+    if len(cache_shape) != 2:
         raise ValueError(
-            f"cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape "
-            f"{tuple(cos_sin_cache.shape)}"
+            f"cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape {tuple(cache_shape)}"
         )
-    rot_dim = cos_sin_cache.shape[1]
+    rot_dim = cache_shape[1]
     if rot_dim <= 0 or rot_dim % 2 != 0:
         raise ValueError(f"cos_sin_cache: rot_dim (size of dim 1) must be even and positive, got {rot_dim}")
-    if cos_sin_cache.numel() > 0 and cos_sin_cache.stride(1) != 1:
+    if cos_sin_cache.stride(1) != 1 and cache_shape[0] > 0:
         raise ValueError("cos_sin_cache: last dim must be contiguous (stride 1)")
     if rope_dim_offset < 0:
         raise ValueError(f"rope_dim_offset: must be >= 0, got {rope_dim_offset}")
@@ -116,44 +119,38 @@ def check_rotary_args(
         raise ValueError(
             f"rope_dim_offset + rot_dim = {rope_dim_offset} + {rot_dim} exceeds head_size={head_size}"
         )
-    num_heads = _heads("query", query, positions, head_size)
+    num_heads = _heads("query", query, token_shape, head_size)
     num_kv_heads = num_heads
     if key is not None:
-        num_kv_heads = _heads("key", key, positions, head_size)
+        num_kv_heads = _heads("key", key, token_shape, head_size)
         if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
             raise ValueError(
                 f"key: query heads ({num_heads}) must be a multiple of key heads ({num_kv_heads})"
             )
+    num_tokens = positions.numel()
     if cache_offsets is not None:
         if cache_offsets.dtype not in POSITION_DTYPES:
             raise TypeError(
                 f"cos_sin_cache_offsets: expected dtype int32 or int64, got {cache_offsets.dtype}"
             )
-        if cache_offsets.numel() != positions.numel() or not cache_offsets.is_contiguous():
+        if cache_offsets.numel() != num_tokens or not cache_offsets.is_contiguous():
             raise ValueError(
-                f"cos_sin_cache_offsets: expected a contiguous tensor of {positions.numel()} "
+                f"cos_sin_cache_offsets: expected a contiguous tensor of {num_tokens} "
                 f"elements (one per token), got shape {tuple(cache_offsets.shape)}"
             )
-    if check_bounds and positions.device.type == "cpu" and positions.numel() > 0:
+    if check_bounds and num_tokens > 0 and positions.is_cpu:
         # Cheap on CPU (no device sync); elsewhere the kernels skip such tokens instead.
-        rows = positions.reshape(-1).to(torch.int64)
+        rows = positions.reshape(-1)
         if cache_offsets is not None:
-            rows = rows + cache_offsets.reshape(-1)
-        lo, hi = int(rows.min()), int(rows.max())
-        if lo < 0 or hi >= cos_sin_cache.shape[0]:
-            raise IndexError(
-                f"positions: cache rows must lie in [0, {cos_sin_cache.shape[0]}), got values in "
-                f"[{lo}, {hi}]"
-            )
-    return RotaryShape(positions.numel(), num_heads, num_kv_heads, rot_dim)
+            rows = rows.long() + cache_offsets.reshape(-1)  # in int64: an int32 sum could wrap
+        check_positions_in_range(rows, cache_shape[0])
+    return RotaryShape(num_tokens, num_heads, num_kv_heads, rot_dim)
 
 
-def raise_translated(err: RuntimeError) -> None:
-    """Re-raise a tagged error from the compiled kernel as its Python exception type."""
-    msg = str(err)
-    for tag, exc in _TAGS.items():
-        i = msg.find(tag)
-        if i >= 0:
-            text = msg[i + len(tag):].split("\n", 1)[0]
-            raise exc(text) from None
-    raise err
+def check_positions_in_range(rows: torch.Tensor, cache_rows: int) -> None:
+    """Raise IndexError naming positions if a cache row index lies outside [0, cache_rows)."""
+    lo, hi = (int(v) for v in torch.aminmax(rows))
+    if lo < 0 or hi >= cache_rows:
+        raise IndexError(
+            f"positions: cache rows must lie in [0, {cache_rows}), got values in [{lo}, {hi}]"
+        )

@@ -1,0 +1,114 @@
+"""rope_compat against vLLM's real CPU kernel, on identical inputs.
+
+Skipped unless vLLM's compiled ops import (`vllm._custom_ops`). The comparison covers what
+vLLM's CPU kernel supports: flat [..., H * D] layouts, cache dtype equal to q's, no
+rope_dim_offset and no inverse; bf16 NeoX with rot_dim / 2 not a multiple of 8 crashes it
+and is left out.
+
+Tolerance: one ulp of the dtype at the magnitude of the rotated pair, sqrt(x^2 + y^2).
+Both compute x*c - y*s and y*c + x*s in float32 and round once, but may round the two f32
+products and their sum in a different order (or fuse them). That moves the f32 result by
+about an f32 ulp of the products, which are bounded by the pair's magnitude: in float32
+that is visible when x*c and y*s nearly cancel (so an ulp of the result itself would be too
+strict); in f16/bf16 it can at most flip the final rounding, one ulp of a value no larger
+than the pair's magnitude.
+"""
+
+import pytest
+import torch
+
+import rope_compat
+from cases import make_case
+
+vllm_ops = pytest.importorskip("vllm._custom_ops", reason="needs vLLM's compiled ops")
+pytestmark = pytest.mark.vllm
+
+MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}
+
+
+def _pair_magnitude(x: torch.Tensor, head_size: int, rot_dim: int, is_neox: bool) -> torch.Tensor:
+    """Per element of the rotated dims: the norm of the pair it belongs to, [..., H, rot_dim]."""
+    part = x.double().unflatten(-1, (-1, head_size))[..., :rot_dim]
+    half = rot_dim // 2
+    if is_neox:
+        a, b = part[..., :half], part[..., half:]
+        r = (a * a + b * b).sqrt()
+        return torch.cat([r, r], -1)
+    a, b = part[..., 0::2], part[..., 1::2]
+    return (a * a + b * b).sqrt().repeat_interleave(2, -1)
+
+
+def _ulp(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One ulp of `dtype` at `magnitude` (float64), floored at the smallest normal's ulp."""
+    tiny = torch.finfo(dtype).tiny
+    _, exponent = torch.frexp(magnitude.clamp_min(tiny))
+    return torch.ldexp(torch.ones_like(magnitude), exponent - 1 - MANTISSA_BITS[dtype])
+
+
+def assert_within_one_ulp(ours, theirs, original, head_size, rot_dim, is_neox):
+    ours_h = ours.double().unflatten(-1, (-1, head_size))
+    theirs_h = theirs.double().unflatten(-1, (-1, head_size))
+    # Pass-through dims: both leave them alone.
+    assert torch.equal(ours_h[..., rot_dim:], theirs_h[..., rot_dim:])
+    diff = (ours_h[..., :rot_dim] - theirs_h[..., :rot_dim]).abs()
+    allowed = _ulp(_pair_magnitude(original, head_size, rot_dim, is_neox), ours.dtype)
+    worst = float((diff / allowed).max())
+    assert worst <= 1.0, f"differs from vLLM by {worst:.2f} ulp at the pair magnitude"
+
+
+def _crashes_vllm(dtype: torch.dtype, is_neox: bool, rot_dim: int) -> bool:
+    return dtype == torch.bfloat16 and is_neox and (rot_dim // 2) % 8 != 0
+
+
+CASES = {
+    "mha_full": dict(heads=4, kv_heads=4, head_size=64),
+    "gqa_full": dict(heads=8, kv_heads=2, head_size=128),
+    "mqa_full": dict(heads=8, kv_heads=1, head_size=64),
+    "partial_half": dict(heads=4, kv_heads=2, head_size=128, rot_dim=64),
+    "partial_quarter": dict(heads=4, kv_heads=2, head_size=64, rot_dim=16),
+    "partial_odd_pairs": dict(heads=4, kv_heads=2, head_size=80, rot_dim=20),
+    "head_96": dict(heads=6, kv_heads=2, head_size=96),
+}
+
+
+@pytest.mark.parametrize("tokens", [(1,), (3, 5)], ids=["1", "3x5"])
+@pytest.mark.parametrize("layout", ["flat", "fused_flat"])
+@pytest.mark.parametrize("with_key", [True, False], ids=["key", "no_key"])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_matches_vllm_cpu_kernel(name, dtype, is_neox, with_key, layout, tokens):
+    shape = CASES[name]
+    rot_dim = shape.get("rot_dim", shape["head_size"])
+    if _crashes_vllm(dtype, is_neox, rot_dim):
+        pytest.skip("vLLM's CPU kernel crashes for bf16 NeoX when rot_dim / 2 is not a multiple of 8")
+    case = make_case(
+        tokens=tokens, is_neox=is_neox, dtype=dtype, cache_dtype=dtype, layout=layout,
+        with_key=with_key, cache_rows=512, **shape,
+    )
+    q_theirs = case.query.clone()
+    k_theirs = None if case.key is None else case.key.clone()
+    q0 = case.query.clone()
+    k0 = None if case.key is None else case.key.clone()
+
+    vllm_ops.rotary_embedding(case.positions, q_theirs, k_theirs, case.head_size, case.cos_sin_cache, is_neox)
+    rope_compat.rotary_embedding(case.positions, case.query, case.key, case.head_size, case.cos_sin_cache, is_neox)
+
+    assert_within_one_ulp(case.query, q_theirs, q0, case.head_size, rot_dim, is_neox)
+    if with_key:
+        assert_within_one_ulp(case.key, k_theirs, k0, case.head_size, rot_dim, is_neox)
+
+
+def test_schema_matches_vllm():
+    """Argument names, types, defaults and which arguments are written."""
+    import rope_compat.ops  # noqa: F401  (registers the op)
+
+    def signature(op):
+        return [
+            (a.name, str(a.type), a.default_value, a.alias_info is not None and a.alias_info.is_write)
+            for a in op._schema.arguments
+        ]
+
+    assert signature(torch.ops.rope_compat.rotary_embedding.default) == signature(
+        torch.ops._C.rotary_embedding.default
+    )
