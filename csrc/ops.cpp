@@ -201,7 +201,7 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const s
   if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
     return fail("ValueError", "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
   }
-  if (num_tokens == 0 || q.heads == 0) return std::nullopt;
+  if (num_tokens == 0 || q.heads + k.heads == 0) return std::nullopt;
 
   RotaryParams p{};
   p.positions = positions.const_data_ptr();
