@@ -1,0 +1,53 @@
+"""Large calls on the GPU: the kernel's many-heads-per-thread path and its launch splitting.
+
+Small cases (the rest of the suite) run one head per thread; from a few thousand tokens on,
+each thread rotates several heads in batches. These cases reach that path with model shapes
+and compare sampled tokens with the float64 reference, and the whole tensors with the Torch
+implementation on the same device.
+"""
+
+import pytest
+import torch
+
+import rope_compat
+from cases import random_cache
+from reference import rope_reference
+from rope_compat.ops import torch_impl
+from tolerances import assert_matches_reference
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {  # heads, kv_heads, head_size, rot_dim, is_neox
+    "llama3-8b": (32, 8, 128, 128, True),
+    "partial-rotary": (32, 32, 128, 64, True),
+    "gptj": (16, 16, 256, 64, False),
+    "odd": (12, 4, 80, 48, True),
+}
+
+
+@pytest.mark.parametrize("tokens", [8192, 65536])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_large_call_matches_reference(shape, tokens):
+    hq, hk, d, rot, neox = SHAPES[shape]
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=torch.bfloat16, device="cuda")
+    q, k = qkv[:, : hq * d], qkv[:, hq * d : (hq + hk) * d]
+    cache = random_cache(131072, rot, torch.float32, "cuda")
+    positions = torch.randint(0, cache.shape[0], (tokens,), device="cuda")
+    before = qkv.clone()
+
+    rope_compat.rotary_embedding(positions, q, k, d, cache, neox)
+
+    # The Torch implementation on a copy: same float32 math, so at most one rounding apart.
+    expected = before.clone()
+    torch_impl.rotary_embedding(positions, expected[:, : hq * d], expected[:, hq * d : (hq + hk) * d], d, cache, neox)
+    assert_matches_reference(qkv, expected, "whole fused tensor vs the Torch implementation")
+    # Nothing outside the rotated dims of q and k changed (v part and pass-through dims).
+    heads = qkv[:, : (hq + hk) * d].unflatten(-1, (hq + hk, d))
+    heads_before = before[:, : (hq + hk) * d].unflatten(-1, (hq + hk, d))
+    assert torch.equal(heads[..., rot:], heads_before[..., rot:])
+    assert torch.equal(qkv[:, (hq + hk) * d :], before[:, (hq + hk) * d :])
+    # Sampled tokens against the float64 reference.
+    idx = torch.randint(0, tokens, (64,), device="cuda")
+    rq, rk = rope_reference(positions[idx], before[idx, : hq * d], before[idx, hq * d : (hq + hk) * d], d, cache, neox)
+    assert_matches_reference(q[idx], rq, "query")
+    assert_matches_reference(k[idx], rk, "key")
