@@ -6,9 +6,10 @@ would cost more host time per eager call than the kernel launch itself; it retur
 exception's name and message, which rope_compat/ops/cuda.py raises, so every backend raises
 the same type naming the same argument.
 
-Checks never read tensor data on an accelerator (that would sync the host). Position
-bounds are therefore checked only for CPU tensors; on other devices a token whose
-position is outside `[0, cache rows)` is left untouched by every backend.
+These checks never read tensor data, so they cost no device sync and also run on fake
+tensors. Position bounds need the data: the Torch implementation checks them on the CPU,
+where its cache gather reads the positions anyway (`check_positions_in_range`); on other
+devices a token whose position is outside `[0, cache rows)` is left untouched by every backend.
 """
 
 from __future__ import annotations
@@ -66,7 +67,6 @@ def check_rotary_args(
     cos_sin_cache: torch.Tensor,
     rope_dim_offset: int = 0,
     cache_offsets: Optional[torch.Tensor] = None,
-    check_bounds: bool = True,
 ) -> RotaryShape:
     """Raise ValueError/TypeError/IndexError naming the bad argument; return derived sizes.
 
@@ -138,12 +138,6 @@ def check_rotary_args(
                 f"cos_sin_cache_offsets: expected a contiguous tensor of {num_tokens} "
                 f"elements (one per token), got shape {tuple(cache_offsets.shape)}"
             )
-    if check_bounds and num_tokens > 0 and positions.is_cpu:
-        # Cheap on CPU (no device sync); elsewhere the kernels skip such tokens instead.
-        rows = positions.reshape(-1)
-        if cache_offsets is not None:
-            rows = rows.long() + cache_offsets.reshape(-1)  # in int64: an int32 sum could wrap
-        check_positions_in_range(rows, cache_shape[0])
     return RotaryShape(num_tokens, num_heads, num_kv_heads, rot_dim)
 
 

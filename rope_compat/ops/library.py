@@ -78,7 +78,7 @@ def _batched_torch(
 @torch.library.register_fake(f"{NAMESPACE}::rotary_embedding", lib=lib)
 def _rotary_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False):
     check_rotary_args(
-        positions, query, key, head_size, cos_sin_cache, rope_dim_offset, check_bounds=False
+        positions, query, key, head_size, cos_sin_cache, rope_dim_offset
     )
 
 
@@ -87,7 +87,7 @@ def _batched_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rot_
     _check_batched_rot_dim(rot_dim, cos_sin_cache)
     check_rotary_args(
         positions, query, key, head_size, cos_sin_cache,
-        cache_offsets=cos_sin_cache_offsets, check_bounds=False,
+        cache_offsets=cos_sin_cache_offsets,
     )
 
 

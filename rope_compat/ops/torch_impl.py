@@ -156,8 +156,7 @@ def rotary_embedding(
     """Rotate `query` and `key` in place (vLLM semantics; `cache_offsets` adds per-token rows)."""
     # Bounds are checked by the gather in _gather_cos_sin, at no extra cost.
     shape = check_rotary_args(
-        positions, query, key, head_size, cos_sin_cache, rope_dim_offset, cache_offsets,
-        check_bounds=False,
+        positions, query, key, head_size, cos_sin_cache, rope_dim_offset, cache_offsets
     )
     tensors = tuple(x for x in (query, key) if x is not None and x.numel() > 0)
     if not tensors:  # no tokens, or no heads
