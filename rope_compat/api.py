@@ -7,12 +7,15 @@ on purpose: for decode-sized calls the host time of the wrapper is part of the l
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
 from .ops.cuda import raise_failure
+
+if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
+    from .compat.sgl import FusedSetKVBufferArg
 
 # The compiled module's functions launch the CUDA kernel without a dispatcher round trip,
 # which costs more host time than a decode-sized kernel. Eager CUDA calls use them; traced
