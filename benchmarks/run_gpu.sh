@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce the README's GPU figures: environment, correctness, the timing table and the plot.
+# Reproduce the README's GPU figures: environment, correctness, the timing table, the plot and
+# the precision table.
 # Usage: benchmarks/run_gpu.sh [OUTPUT_DIR]   (a CUDA device; matplotlib for the plot)
 # BENCH_TOKENS overrides the token counts (default: the README's).
 set -euo pipefail
@@ -27,4 +28,7 @@ fi
     --tokens "${BENCH_TOKENS:-1,16,128,1024,8192,32768,131072}" \
     --csv "$out/bench.csv" ${plot_arg[@]+"${plot_arg[@]}"} > "$out/bench.md"
 "$python" "$here/summary.py" "$out/bench.csv" | tee "$out/summary.md"
+# Relative error against float64 at positions up to 1,000,000, f32 and bf16 caches.
+"$python" "$here/precision.py" --device cuda > "$out/precision.md" || status=1
+tail -n 7 "$out/precision.md"
 exit $status
