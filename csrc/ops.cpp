@@ -1,33 +1,34 @@
 // Host side of the CUDA kernel: argument checks, then the launch on the current stream.
 //
-// The Python package calls these functions directly (a pybind11 binding, no dispatcher: a
-// dispatcher round trip costs several microseconds of host time, as much as a decode-sized
-// kernel) and registers them as the CUDA kernels of the ops whose schemas
+// The Python package calls these functions directly (plain CPython functions, no dispatcher
+// and no pybind11: a dispatcher round trip costs several microseconds of host time, as much
+// as a decode-sized kernel) and registers `launch` as the CUDA kernel of the op whose schema
 // rope_compat/ops/library.py defines (rope_compat/ops/cuda.py).
 //
-// Errors come back as a return value, (exception name, message), never as a C++ exception:
-// an exception thrown from this library and caught in torch's crashed the process at the
-// next error on a machine whose compiler runtime differed from torch's build. PyTorch's stable
+// Errors are raised as Python exceptions (PyErr_SetString), never as C++ exceptions: an
+// exception thrown from this library and caught in torch's crashed the process at the next
+// error on a machine whose compiler runtime differed from torch's build. PyTorch's stable
 // ABI was the first choice of binding; its boxed calling convention alone cost ~11 us per call.
 //
 // The checks mirror rope_compat/ops/checks.py message for message. Nothing here reads device
 // memory, so the op never syncs the host; position bounds are enforced by the kernel, which
 // leaves tokens with out-of-range positions untouched.
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/autograd/python_variable.h>
 
+#include <cstring>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "rotary_embedding.h"
 
 namespace rope_compat {
 namespace {
 
-namespace py = pybind11;
 using at::Tensor;
 using c10::ScalarType;
 
@@ -136,9 +137,9 @@ std::optional<Failure> check_device(const char* name, const Tensor& t, const Ten
   return std::nullopt;
 }
 
-std::optional<Failure> run(const Tensor& positions, const Tensor& query, const std::optional<Tensor>& key,
+std::optional<Failure> run(const Tensor& positions, const Tensor& query, const Tensor* key,
          int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
-         const std::optional<Tensor>& offsets) {
+         const Tensor* offsets) {
   if (!is_index_dtype(positions.scalar_type())) {
     return fail("TypeError", "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
   }
@@ -231,10 +232,11 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const s
   p.inverse = inverse;
 
   // A device guard costs host time: take one only when the tensors are not on the current device.
+  const c10::DeviceIndex device = positions.get_device();
   std::optional<c10::cuda::CUDAGuard> guard;
-  if (positions.get_device() != c10::cuda::current_device()) guard.emplace(positions.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(positions.get_device()).stream();
-  const int err = launch_rotary_embedding(p, stream);
+  if (device != c10::cuda::current_device()) guard.emplace(positions.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const int err = launch_rotary_embedding(p, stream, device);
   if (err != 0) {
     return Failure{"RuntimeError", std::string("rope_compat: CUDA kernel launch failed: ") +
                                        cudaGetErrorString(static_cast<cudaError_t>(err))};
@@ -242,36 +244,175 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const s
   return std::nullopt;
 }
 
-// None on success, else (exception name, message) for the Python caller to raise.
-py::object to_python(const std::optional<Failure>& f) {
-  if (!f) return py::none();
-  return py::make_tuple(f->kind, f->message);
+// ---- The Python binding: METH_FASTCALL functions over the CPython API.
+
+PyObject* raise(const Failure& f) {
+  PyObject* type = std::strcmp(f.kind, "TypeError") == 0    ? PyExc_TypeError
+                   : std::strcmp(f.kind, "ValueError") == 0 ? PyExc_ValueError
+                                                            : PyExc_RuntimeError;
+  PyErr_SetString(type, f.message.c_str());
+  return nullptr;
 }
 
-py::object rotary_embedding(const Tensor& positions, const Tensor& query, const std::optional<Tensor>& key,
-                            int64_t head_size, const Tensor& cos_sin_cache, bool is_neox,
-                            int64_t rope_dim_offset, bool inverse) {
-  return to_python(run(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
-                       inverse, std::nullopt));
+bool is_tensor(PyObject* o) {
+  if (THPVariable_CheckExact(o)) return true;
+  const int r = PyObject_IsInstance(o, THPVariableClass);
+  if (r < 0) PyErr_Clear();
+  return r > 0;
 }
 
-py::object batched_rotary_embedding(const Tensor& positions, const Tensor& query,
-                                    const std::optional<Tensor>& key, int64_t head_size,
-                                    const Tensor& cos_sin_cache, bool is_neox, int64_t rot_dim,
-                                    const Tensor& cos_sin_cache_offsets) {
-  if (cos_sin_cache.dim() >= 1 && rot_dim != cos_sin_cache.size(-1)) {
-    return to_python(fail("ValueError", "rot_dim: ", rot_dim, " must equal cos_sin_cache.shape[1] = ",
-                          cos_sin_cache.size(-1)));
+// Converters for one argument: false, with a TypeError naming the argument, on a wrong type.
+bool tensor_arg(PyObject* o, const char* name, const Tensor** out) {
+  if (is_tensor(o)) {
+    *out = &THPVariable_Unpack(o);
+    return true;
   }
-  return to_python(run(positions, query, key, head_size, cos_sin_cache, is_neox, 0, false,
-                       cos_sin_cache_offsets));
+  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %s", name, Py_TYPE(o)->tp_name);
+  return false;
 }
+
+bool optional_tensor_arg(PyObject* o, const char* name, const Tensor** out) {
+  if (o == Py_None) {
+    *out = nullptr;
+    return true;
+  }
+  return tensor_arg(o, name, out);
+}
+
+bool int_arg(PyObject* o, const char* name, int64_t* out) {
+  if (PyLong_Check(o)) {
+    const long long v = PyLong_AsLongLong(o);
+    if (!(v == -1 && PyErr_Occurred())) {
+      *out = v;
+      return true;
+    }
+    PyErr_Clear();
+  } else if (PyIndex_Check(o)) {  // e.g. numpy integers
+    PyObject* i = PyNumber_Index(o);
+    if (i != nullptr) {
+      const bool ok = int_arg(i, name, out);
+      Py_DECREF(i);
+      return ok;
+    }
+    PyErr_Clear();
+  }
+  PyErr_Format(PyExc_TypeError, "%s: expected an int (64-bit), got %s", name, Py_TYPE(o)->tp_name);
+  return false;
+}
+
+bool bool_arg(PyObject* o, const char* name, bool* out) {
+  const int v = PyObject_IsTrue(o);
+  if (v < 0) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, Py_TYPE(o)->tp_name);
+    return false;
+  }
+  *out = v != 0;
+  return true;
+}
+
+bool count_args(const char* fn, Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi) {
+  if (nargs >= lo && nargs <= hi) return true;
+  PyErr_Format(PyExc_TypeError, "%s: expected %zd to %zd positional arguments, got %zd", fn, lo, hi, nargs);
+  return false;
+}
+
+// launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False)
+PyObject* launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  const Tensor *positions, *query, *key, *cache;
+  int64_t head_size, rope_dim_offset = 0;
+  bool is_neox, inverse = false;
+  if (!count_args("rotary_embedding", nargs, 6, 8) || !tensor_arg(args[0], "positions", &positions) ||
+      !tensor_arg(args[1], "query", &query) || !optional_tensor_arg(args[2], "key", &key) ||
+      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
+      !bool_arg(args[5], "is_neox", &is_neox) ||
+      (nargs > 6 && !int_arg(args[6], "rope_dim_offset", &rope_dim_offset)) ||
+      (nargs > 7 && !bool_arg(args[7], "inverse", &inverse))) {
+    return nullptr;
+  }
+  if (auto f = run(*positions, *query, key, head_size, *cache, is_neox, rope_dim_offset, inverse, nullptr)) {
+    return raise(*f);
+  }
+  Py_RETURN_NONE;
+}
+
+// batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)
+PyObject* batched_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  const Tensor *positions, *query, *key, *cache, *offsets;
+  int64_t head_size, rot_dim;
+  bool is_neox;
+  if (!count_args("batched_rotary_embedding", nargs, 8, 8) || !tensor_arg(args[0], "positions", &positions) ||
+      !tensor_arg(args[1], "query", &query) || !optional_tensor_arg(args[2], "key", &key) ||
+      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
+      !bool_arg(args[5], "is_neox", &is_neox) || !int_arg(args[6], "rot_dim", &rot_dim) ||
+      !tensor_arg(args[7], "cos_sin_cache_offsets", &offsets)) {
+    return nullptr;
+  }
+  if (cache->dim() >= 1 && rot_dim != cache->size(-1)) {
+    return raise(fail("ValueError", "rot_dim: ", rot_dim, " must equal cos_sin_cache.shape[1] = ", cache->size(-1)));
+  }
+  if (auto f = run(*positions, *query, key, head_size, *cache, is_neox, 0, false, offsets)) return raise(*f);
+  Py_RETURN_NONE;
+}
+
+// The public entry point, bound as rope_compat.rotary_embedding when this module loads.
+// A positional call whose tensors are plain CUDA tensors, with no dispatch mode active, goes
+// straight to the launch: no Python frame at all. Every other call (CPU tensors, keywords,
+// fake or other subclass tensors, dispatch modes) goes to the Python implementation set by
+// set_fallback, which routes it through the registered op. torch.compile never runs this
+// function: rope_compat registers that Python implementation as its polyfill for tracing.
+PyObject* fallback = nullptr;
+
+PyObject* rotary_embedding(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  bool direct = kwnames == nullptr && nargs >= 6 && nargs <= 8 && THPVariable_CheckExact(args[1]) &&
+                THPVariable_Unpack(args[1]).is_cuda() && THPVariable_CheckExact(args[0]) &&
+                THPVariable_CheckExact(args[4]) && (args[2] == Py_None || THPVariable_CheckExact(args[2])) &&
+                c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+  if (direct || fallback == nullptr) return launch(self, args, nargs);
+  return PyObject_Vectorcall(fallback, args, static_cast<size_t>(nargs), kwnames);
+}
+
+PyObject* set_fallback(PyObject*, PyObject* fn) {
+  if (!PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "set_fallback: expected a callable");
+    return nullptr;
+  }
+  Py_INCREF(fn);
+  Py_XSETREF(fallback, fn);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef entry_def = {
+    "rotary_embedding", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(rotary_embedding)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "rotary_embedding($module, positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, "
+    "inverse=False)\n--\n\n"
+    "Apply rotary embedding to `query` and `key` in place, exactly as vLLM's op does.\n\n"
+    "The compiled entry point of rope_compat.rotary_embedding: plain CUDA tensors passed\n"
+    "positionally launch the kernel directly; any other call goes to the Python function\n"
+    "rope_compat.api._python_rotary_embedding, whose docstring describes the arguments."};
+
+// A new function object for the entry point: the same code with an identity of its own (the
+// vLLM patch rebinds names by identity, and must find exactly the names it bound). Built-in
+// functions compare equal when their `self` objects are the same, so the caller passes a new
+// object to bind as `self` (the function ignores it).
+PyObject* new_entry(PyObject*, PyObject* tag) { return PyCFunction_NewEx(&entry_def, tag, nullptr); }
+
+PyMethodDef methods[] = {
+    entry_def,
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch)), METH_FASTCALL,
+     "launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False)\n"
+     "Check the arguments and launch the kernel on the current stream (CUDA tensors)."},
+    {"batched_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(batched_launch)), METH_FASTCALL,
+     "batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)\n"
+     "vLLM's former multi-LoRA op: rows offsets[t] + positions[t]."},
+    {"set_fallback", set_fallback, METH_O, "set_fallback(fn): where rotary_embedding sends the calls it does not launch."},
+    {"new_entry", new_entry, METH_O, "new_entry(tag): a distinct function object for rotary_embedding, bound to tag."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "rope-compat CUDA kernels", -1, methods};
 
 }  // namespace
 }  // namespace rope_compat
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "rope-compat CUDA kernels; each function returns None or (exception name, message)";
-  m.def("rotary_embedding", &rope_compat::rotary_embedding);
-  m.def("batched_rotary_embedding", &rope_compat::batched_rotary_embedding);
-}
+PyMODINIT_FUNC PyInit__C() { return PyModule_Create(&rope_compat::module_def); }

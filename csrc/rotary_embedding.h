@@ -30,7 +30,8 @@ struct RotaryParams {
 // Elements per vector access (1, 2, 4 or 8) that every pointer and stride allows.
 int vector_width(const RotaryParams& p);
 
-// Launches the kernel on `stream` (a cudaStream_t). Returns a cudaError_t value, 0 on success.
-int launch_rotary_embedding(const RotaryParams& p, void* stream);
+// Launches the kernel on `stream` (a cudaStream_t) of CUDA device `device`, the current one.
+// Returns a cudaError_t value, 0 on success.
+int launch_rotary_embedding(const RotaryParams& p, void* stream, int device);
 
 }  // namespace rope_compat

@@ -22,6 +22,7 @@ namespace rope_compat {
 namespace {
 
 constexpr int kBlock = 256;
+constexpr int kMinBlock = 64;
 
 // Division by a launch-time constant with a multiply and a shift (valid for n < 2^31):
 // a plain integer division costs tens of instructions on the decode critical path.
@@ -100,7 +101,7 @@ __device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V],
 template <typename T, typename CT, int V, int kHeadsPerBatch>
 __global__ void __launch_bounds__(kBlock)
     rotary_kernel(const RotaryParams p, const Launch l) {
-  const uint32_t unit = blockIdx.x * kBlock + threadIdx.x;  // < 2^31: the host splits launches
+  const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^31: the host splits launches
   const uint32_t local_token = l.units_per_token.div(unit);
   const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
   if (token >= l.token_end) return;
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kBlock)
   const int32_t j = static_cast<int32_t>(rem - group * l.units_per_head.d);
   const int32_t groups = l.groups;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // See use_pdl(): let the next kernel launch now, and wait for the previous one's writes.
+  // See use_pdl: let the next kernel launch now, and wait for the previous one's writes.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
@@ -188,11 +189,12 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-int num_sms() {
-  static int cached[64] = {0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) dev = 0;
+// Per-device facts, cached: querying them on every call would cost host time.
+constexpr int kMaxDevices = 64;
+
+int num_sms(int dev) {
+  static int cached[kMaxDevices] = {0};
+  if (dev < 0 || dev >= kMaxDevices) dev = 0;
   if (cached[dev] == 0) {
     int n = 0;
     cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
@@ -206,16 +208,14 @@ int num_sms() {
 // decode-sized calls. The kernel waits (griddepcontrol.wait) for the previous grid to finish
 // and flush before it reads anything, so results are the same as with a plain launch.
 // ROPE_COMPAT_PDL=0 turns it off.
-bool use_pdl() {
+bool use_pdl(int dev) {
   static const bool enabled = [] {
     const char* env = std::getenv("ROPE_COMPAT_PDL");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   if (!enabled) return false;
-  static int cached[64] = {0};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) return false;
+  static int cached[kMaxDevices] = {0};  // 0 unknown, 1 yes, 2 no
+  if (dev < 0 || dev >= kMaxDevices) return false;
   if (cached[dev] == 0) {
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -224,29 +224,40 @@ bool use_pdl() {
   return cached[dev] == 1;
 }
 
+// Where a launch goes: the stream, and the device it belongs to (the current one).
+struct Target {
+  cudaStream_t stream;
+  int device;
+};
+
 template <typename T, typename CT, int V, int kHeadsPerBatch>
-cudaError_t launch_kernel(unsigned blocks, cudaStream_t stream, const RotaryParams& p, const Launch& l) {
+cudaError_t launch_kernel(int64_t threads, const Target& t, const RotaryParams& p, const Launch& l) {
+  // Blocks of 256 threads, smaller (down to kMinBlock) while that leaves multiprocessors idle:
+  // a decode-sized call then spreads its loads over more SMs (measured 0.05-0.13 us less per
+  // call at 1-16 tokens on an H200, the same from 1024 tokens on).
+  int block = kBlock;
+  while (block > kMinBlock && (threads + block - 1) / block < num_sms(t.device)) block /= 2;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kBlock);
-  config.stream = stream;
+  config.gridDim = dim3(static_cast<unsigned>((threads + block - 1) / block));
+  config.blockDim = dim3(block);
+  config.stream = t.stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = use_pdl() ? 1 : 0;
+  config.numAttrs = use_pdl(t.device) ? 1 : 0;
   return cudaLaunchKernelEx(&config, rotary_kernel<T, CT, V, kHeadsPerBatch>, p, l);
 }
 
 template <typename T, typename CT, int V>
-int launch(const RotaryParams& p, cudaStream_t stream) {
+int launch(const RotaryParams& p, const Target& t) {
   const int32_t units_per_head = p.rot_dim / 2 / V;
   const int32_t heads_total = p.num_heads + (p.key == nullptr ? 0 : p.num_kv_heads);
   // Small calls: one head per thread, for the most parallelism and the shortest chain.
   // Large calls: up to 8 heads per thread (measured best on an H200), so the cos/sin row is
   // reused and every thread keeps 4 heads of loads in flight.
   const int64_t work = static_cast<int64_t>(p.num_tokens) * heads_total * units_per_head;
-  const int64_t resident = static_cast<int64_t>(num_sms()) * 2048;
+  const int64_t resident = static_cast<int64_t>(num_sms(t.device)) * 2048;
   const int64_t per_thread = std::min<int64_t>(std::max<int64_t>(work / resident, 1), 8);
   Launch l;
   l.groups = static_cast<int32_t>((heads_total + per_thread - 1) / per_thread);
@@ -259,34 +270,33 @@ int launch(const RotaryParams& p, cudaStream_t stream) {
     l.token_begin = static_cast<int32_t>(begin);
     l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * l.units_per_token.d;
-    const unsigned blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
-    const cudaError_t err = per_thread == 1 ? launch_kernel<T, CT, V, 1>(blocks, stream, p, l)
-                                            : launch_kernel<T, CT, V, 4>(blocks, stream, p, l);
+    const cudaError_t err = per_thread == 1 ? launch_kernel<T, CT, V, 1>(threads, t, p, l)
+                                            : launch_kernel<T, CT, V, 4>(threads, t, p, l);
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
 }
 
 template <typename T, typename CT>
-int dispatch_width(const RotaryParams& p, cudaStream_t stream) {
+int dispatch_width(const RotaryParams& p, const Target& t) {
   switch (vector_width(p)) {
     case 8:
-      if constexpr (sizeof(T) == 2) return launch<T, CT, 8>(p, stream);
+      if constexpr (sizeof(T) == 2) return launch<T, CT, 8>(p, t);
       break;
-    case 4: return launch<T, CT, 4>(p, stream);
-    case 2: return launch<T, CT, 2>(p, stream);
+    case 4: return launch<T, CT, 4>(p, t);
+    case 2: return launch<T, CT, 2>(p, t);
     default: break;
   }
-  return launch<T, CT, 1>(p, stream);
+  return launch<T, CT, 1>(p, t);
 }
 
 template <typename T>
-int dispatch_cache(const RotaryParams& p, cudaStream_t stream) {
+int dispatch_cache(const RotaryParams& p, const Target& t) {
   switch (p.cache_dtype) {
-    case DType::kFloat32: return dispatch_width<T, float>(p, stream);
-    case DType::kFloat16: return dispatch_width<T, __half>(p, stream);
-    case DType::kBFloat16: return dispatch_width<T, __nv_bfloat16>(p, stream);
-    case DType::kFloat64: return dispatch_width<T, double>(p, stream);
+    case DType::kFloat32: return dispatch_width<T, float>(p, t);
+    case DType::kFloat16: return dispatch_width<T, __half>(p, t);
+    case DType::kBFloat16: return dispatch_width<T, __nv_bfloat16>(p, t);
+    case DType::kFloat64: return dispatch_width<T, double>(p, t);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -324,9 +334,9 @@ int vector_width(const RotaryParams& p) {
   return 1;
 }
 
-int launch_rotary_embedding(const RotaryParams& p, void* stream) {
+int launch_rotary_embedding(const RotaryParams& p, void* stream, int device) {
   if (p.num_tokens == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
+  const Target s{static_cast<cudaStream_t>(stream), device};
   switch (p.dtype) {
     case DType::kFloat32: return dispatch_cache<float>(p, s);
     case DType::kFloat16: return dispatch_cache<__half>(p, s);

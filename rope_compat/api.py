@@ -7,20 +7,21 @@ on purpose: for decode-sized calls the host time of the wrapper is part of the l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Tuple
+import functools
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
-from .ops.cuda import raise_failure
 
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
     from .compat.sgl import FusedSetKVBufferArg
 
-# The compiled module's functions launch the CUDA kernel without a dispatcher round trip,
-# which costs more host time than a decode-sized kernel. Eager CUDA calls use them; traced
-# calls (torch.compile) and every other device go through the registered op.
-_direct = extension.direct_binding()
+# The compiled module (None without a CUDA build). Its `launch` checks the arguments and
+# launches the CUDA kernel without a dispatcher round trip, which costs more host time than a
+# decode-sized kernel. Eager CUDA calls use it; traced calls (torch.compile) and every other
+# device go through the registered op.
+_C = extension.direct_binding()
 # is_dynamo_compiling is a constant False in eager code (cheaper than is_compiling).
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
@@ -69,17 +70,13 @@ def rotary_embedding(
     `inverse` rotates by the negative angle.
     """
     if (
-        _direct is not None
+        _C is not None
         and query.is_cuda
         and type(query) is torch.Tensor  # not a fake or other subclass tensor
         and not _is_compiling()
         and not torch._C._len_torch_dispatch_stack()
     ):
-        failure = _direct.rotary_embedding(
-            positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
-        )
-        if failure is not None:
-            raise_failure(failure)
+        _C.launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
     elif _plain_eager_cpu(query, key):
         torch_impl.rotary_embedding(
             positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
@@ -88,6 +85,26 @@ def rotary_embedding(
         rotary_embedding_op(
             positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
         )
+
+
+_python_rotary_embedding = rotary_embedding
+if _C is not None:
+    # With the compiled module, the public name is its entry point, a C function with the
+    # same signature: a positional call with plain CUDA tensors launches the kernel with no
+    # Python frame at all (the eager host time of a decode step). It hands every other call
+    # to the Python function above, and torch.compile traces that function in its place.
+    _C.set_fallback(_python_rotary_embedding)
+    torch.compiler.substitute_in_graph(_C.rotary_embedding)(_python_rotary_embedding)
+    rotary_embedding = _C.rotary_embedding  # type: ignore[assignment]  # noqa: F811
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_entry_copy() -> Callable[..., None]:
+    """A distinct function object for the compiled entry point, traced like it; one per process
+    (torch.compile accepts one registration per object)."""
+    copy = _C.new_entry(object())
+    torch.compiler.substitute_in_graph(copy)(_python_rotary_embedding)
+    return copy
 
 
 # The name proposed for this API in FlashInfer issue 530; same arguments as vLLM's op.

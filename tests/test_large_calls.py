@@ -51,3 +51,29 @@ def test_large_call_matches_reference(shape, tokens):
     rq, rk = rope_reference(positions[idx], before[idx, : hq * d], before[idx, hq * d : (hq + hk) * d], d, cache, neox)
     assert_matches_reference(q[idx], rq, "query")
     assert_matches_reference(k[idx], rk, "key")
+
+
+@pytest.mark.parametrize("shape", ["llama3-8b", "gptj"])
+def test_large_call_inverse_int32_bf16_cache_out_of_range(shape):
+    """The large-call path with the other options: inverse, int32 positions, a bf16 cache, and
+    positions outside the cache (those tokens stay bit-identical; the rest rotate)."""
+    hq, hk, d, rot, neox = SHAPES[shape]
+    tokens, rows = 8192, 4096
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=torch.bfloat16, device="cuda")
+    q, k = qkv[:, : hq * d], qkv[:, hq * d : (hq + hk) * d]
+    cache = random_cache(rows, rot, torch.bfloat16, "cuda")
+    positions = torch.randint(0, rows, (tokens,), device="cuda", dtype=torch.int32)
+    bad = torch.zeros(tokens, dtype=torch.bool, device="cuda")
+    bad[torch.randint(0, tokens, (300,), device="cuda")] = True
+    positions[bad] = torch.tensor([-1, rows, 2**31 - 1], device="cuda", dtype=torch.int32).repeat(tokens)[: tokens][bad]
+    before = qkv.clone()
+
+    rope_compat.rotary_embedding(positions, q, k, d, cache, neox, 0, True)
+
+    assert torch.equal(qkv[bad], before[bad])
+    good = ~bad
+    expected = before[good].clone()
+    torch_impl.rotary_embedding(positions[good], expected[:, : hq * d], expected[:, hq * d : (hq + hk) * d], d,
+                                cache, neox, 0, True)
+    assert_matches_reference(qkv[good], expected, "valid tokens vs the Torch implementation")
+    assert not torch.equal(qkv[good], before[good])

@@ -105,6 +105,8 @@ def _import_vllm_ops() -> types.ModuleType:
 def _distinct_copy(fn: Callable) -> Callable:
     """A new function object running `fn`'s code: no extra call layer, but an identity
     of its own, so unpatching finds exactly the names the patch (or later imports) bound."""
+    if not isinstance(fn, types.FunctionType):  # the compiled entry point (see api.py)
+        return api.compiled_entry_copy()
     copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__qualname__, copy.__doc__, copy.__module__ = fn.__qualname__, fn.__doc__, fn.__module__

@@ -2,9 +2,8 @@
 
 The Torch implementation and the fake (meta) implementation call `check_rotary_args`.
 The CUDA kernel repeats the same checks in C++ (csrc/ops.cpp), because a Python pre-check
-would cost more host time per eager call than the kernel launch itself; it returns the
-exception's name and message, which rope_compat/ops/cuda.py raises, so every backend raises
-the same type naming the same argument.
+would cost more host time per eager call than the kernel launch itself; it raises the same
+Python exception types with the same messages, so every backend names the same argument.
 
 These checks never read tensor data, so they cost no device sync and also run on fake
 tensors. Position bounds need the data: the Torch implementation checks them on the CPU,

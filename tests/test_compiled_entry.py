@@ -1,0 +1,102 @@
+"""The compiled entry point: `rope_compat.rotary_embedding` is a C function when the extension
+is built. It launches plain positional CUDA calls itself and hands every other call to the
+Python function `api._python_rotary_embedding`; torch.compile traces that function instead.
+
+These tests need the compiled extension (a CUDA build of torch); their ids say `cuda` so the
+GPU check selects them. Without the extension they skip.
+"""
+
+import inspect
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import rope_compat
+from rope_compat import api
+
+from cases import make_case
+from reference import rope_reference
+from tolerances import assert_matches_reference
+
+pytestmark = pytest.mark.skipif(api._C is None, reason="needs the compiled extension (CUDA build)")
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def test_entry_is_the_compiled_function_cuda():
+    assert rope_compat.rotary_embedding is api._C.rotary_embedding
+    assert rope_compat.apply_rope_inplace_with_cache is api._C.rotary_embedding
+    ours = inspect.signature(rope_compat.rotary_embedding)
+    assert list(ours.parameters) == list(inspect.signature(api._python_rotary_embedding).parameters)
+    assert ours.parameters["rope_dim_offset"].default == 0 and ours.parameters["inverse"].default is False
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("call", ["positional", "keywords", "defaults-given"])
+def test_entry_matches_reference_every_way_it_is_called_cuda(device, call):
+    case = make_case(tokens=(13,), heads=4, kv_heads=2, head_size=64, rot_dim=32, rope_dim_offset=16,
+                     inverse=True, device=device)
+    want_q, want_k = rope_reference(*case.args())
+    p, q, k, d, cache, neox, off, inv = case.args()
+    if call == "positional":
+        rope_compat.rotary_embedding(p, q, k, d, cache, neox, off, inv)
+    elif call == "keywords":
+        rope_compat.rotary_embedding(p, q, k, d, cos_sin_cache=cache, is_neox=neox, rope_dim_offset=off,
+                                     inverse=inv)
+    else:
+        rope_compat.rotary_embedding(positions=p, query=q, key=k, head_size=d, cos_sin_cache=cache,
+                                     is_neox=neox, rope_dim_offset=off, inverse=inv)
+    assert_matches_reference(q, want_q)
+    assert_matches_reference(k, want_k)
+
+
+@pytest.mark.gpu
+def test_entry_hands_fake_tensors_to_the_op_cuda():
+    case = make_case(tokens=(5,), heads=4, kv_heads=2, head_size=64, device="cuda")
+    with FakeTensorMode() as mode:
+        args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in case.args()]
+        rope_compat.rotary_embedding(*args)  # the fake kernel: checks only, no launch
+        with pytest.raises(ValueError, match="head_size"):
+            rope_compat.rotary_embedding(args[0], args[1], args[2], 60, *args[4:])
+
+
+@pytest.mark.parametrize("bad, match", [
+    # Too few arguments go to the Python function, which says which ones are missing.
+    ((1, 2, 3), r"missing 3 required positional arguments"),
+    (("positions", [0, 1]), r"positions: expected a torch.Tensor, got list"),
+    (("head_size", 64.0), r"head_size: expected an int \(64-bit\), got float"),
+    (("key", "k"), r"key: expected a torch.Tensor, got str"),
+])
+@pytest.mark.gpu
+def test_entry_rejects_wrong_types_by_name_cuda(bad, match):
+    case = make_case(tokens=(5,), heads=4, kv_heads=2, head_size=64, device="cuda")
+    names = ["positions", "query", "key", "head_size", "cos_sin_cache", "is_neox"]
+    args = list(case.args())[:6]
+    if isinstance(bad[0], int):
+        args = args[:3]
+    else:
+        args[names.index(bad[0])] = bad[1]
+    before = case.query.clone()
+    with pytest.raises(TypeError, match=match):
+        rope_compat.rotary_embedding(*args)
+    assert torch.equal(case.query, before)
+
+
+def test_entry_copy_is_distinct_and_traced_like_the_entry_cuda():
+    copy = api.compiled_entry_copy()
+    assert copy is api.compiled_entry_copy()  # one per process
+    assert copy is not rope_compat.rotary_embedding
+    case = make_case(tokens=(9,), heads=4, kv_heads=2, head_size=32, device="cpu")
+    want_q, want_k = rope_reference(*case.args())
+    q, k = case.query.clone(), case.key.clone()
+
+    def block(positions, q, k, cache):
+        copy(positions, q, k, case.head_size, cache, case.is_neox, case.rope_dim_offset, case.inverse)
+        return q * 2, k * 2
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(block)(case.positions, q, k, case.cos_sin_cache)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert_matches_reference(q, want_q)
+    assert_matches_reference(k, want_k)
