@@ -1,0 +1,261 @@
+// The kernel against two floors, without torch: how close is it to an ideal pass over its bytes?
+//
+// For each shape and token count (bf16 q/k sliced from a fused qkv tensor, float32 cache of
+// 131072 rows, random int64 positions, CUDA-graph replays of 20 calls over input sets that
+// together exceed twice the L2, like `rope-compat bench`), it prints the kernel's time and:
+//   pattern: a trivial in-place kernel (one thread per 16-byte chunk, load, store back) over
+//            exactly the rotated bytes of the same q/k views: the best any kernel can do with
+//            that access pattern, before reading positions or cache rows;
+//   contig:  the same kernel over a contiguous buffer of as many bytes.
+// At 1024 and 8192 tokens it also checks the kernel against a CPU float reference (and that
+// nothing outside the rotated dims changed).
+//
+// Build and run from the repository root on a CUDA machine (no torch needed):
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/kernel_floors benchmarks/kernel_floors.cu
+//   /tmp/kernel_floors [tokens,...] [shape substring|all] [1 = also time the floors]
+#include "../csrc/rotary_embedding_kernel.cu"
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace rope_compat;
+
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e_ = (x);                                                           \
+    if (e_ != cudaSuccess) {                                                        \
+      printf("CUDA error %s at line %d\n", cudaGetErrorString(e_), __LINE__);       \
+      exit(1);                                                                      \
+    }                                                                               \
+  } while (0)
+
+struct Shape {
+  const char* name;
+  int hq, hk, d, rot;
+  bool neox;
+};
+
+__global__ void touch_contig(int4* p, int64_t n16, int flip) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x * 4 + threadIdx.x;
+  int4 v[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    if (i + u * blockDim.x < n16) v[u] = __ldcs(p + i + u * blockDim.x);
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    if (i + u * blockDim.x < n16) {
+      v[u].x ^= flip;
+      __stcs(p + i + u * blockDim.x, v[u]);
+    }
+}
+
+// One thread per 16-byte chunk of the rotated region of (token, head).
+__global__ void touch_pattern(char* base, int64_t tokens, int heads, int chunks, int64_t tok_stride,
+                              int64_t head_stride, int flip) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  int64_t per_tok = (int64_t)heads * chunks;
+  if (i >= tokens * per_tok) return;
+  int64_t t = i / per_tok;
+  int r = (int)(i - t * per_tok);
+  int h = r / chunks, c = r - h * chunks;
+  int4* q = reinterpret_cast<int4*>(base + t * tok_stride + h * head_stride) + c;
+  int4 v = __ldcs(q);
+  v.x ^= flip;
+  __stcs(q, v);
+}
+
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+  return x;
+}
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = __float2bfloat16((float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f);
+}
+__global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = (float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f;
+}
+__global__ void fill_pos(int64_t* p, int64_t n, int64_t rows, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = (int64_t)(mix(i * 2654435761ULL + seed) % rows);
+}
+
+template <typename F>
+float time_graph(int n_sets, F&& call) {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < std::max(n_sets, 3); ++i) call(i % n_sets, s);
+  CK(cudaStreamSynchronize(s));
+  const int per_graph = 20;
+  int n_graphs = (n_sets + per_graph - 1) / per_graph;
+  std::vector<cudaGraphExec_t> execs;
+  for (int g = 0; g < n_graphs; ++g) {
+    cudaGraph_t graph;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int c = 0; c < per_graph; ++c) call((g * per_graph + c) % n_sets, s);
+    CK(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, graph, 0));
+    execs.push_back(e);
+    CK(cudaGraphDestroy(graph));
+  }
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  auto replay = [&] {
+    CK(cudaEventRecord(a, s));
+    for (auto e : execs) CK(cudaGraphLaunch(e, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    return ms / (n_graphs * per_graph) * 1e3f;
+  };
+  replay();
+  float first = replay();
+  int reps = std::max(7, std::min(60, (int)(150e3 / std::max(first * n_graphs * per_graph, 1.f))));
+  std::vector<float> v;
+  for (int r = 0; r < reps; ++r) v.push_back(replay());
+  std::sort(v.begin(), v.end());
+  for (auto e : execs) cudaGraphExecDestroy(e);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s);
+  return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  std::vector<int> token_list = {1, 16, 128, 1024, 8192, 32768, 131072};
+  if (argc > 1) {
+    token_list.clear();
+    for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) token_list.push_back(atoi(t));
+  }
+  const char* only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : nullptr;
+  const bool floors = argc > 3 && atoi(argv[3]) != 0;
+  std::vector<Shape> shapes = {{"32/8x128 neox", 32, 8, 128, 128, true},
+                               {"64/8x128 neox", 64, 8, 128, 128, true},
+                               {"32/32x128 r64 neox", 32, 32, 128, 64, true},
+                               {"16/16x256 r64 gptj", 16, 16, 256, 64, false}};
+  const int rows = 131072;
+  std::mt19937_64 rng(1);
+  for (const Shape& sh : shapes) {
+    if (only && !strstr(sh.name, only)) continue;
+    // Cache [rows, rot] float32.
+    float* cache;
+    CK(cudaMalloc(&cache, (size_t)rows * sh.rot * 4));
+    fill_f32<<<1024, 256>>>(cache, (int64_t)rows * sh.rot, 7);
+    for (int T : token_list) {
+      const int64_t row_elems = (int64_t)(sh.hq + 2 * sh.hk) * sh.d;
+      const int64_t qk_bytes = 2LL * T * (sh.hq + sh.hk) * sh.rot * 2;
+      const int64_t move = qk_bytes + T * 8LL + (int64_t)T * sh.rot * 4;
+      int n_sets = (int)std::max<int64_t>(1, std::min<int64_t>(200, (120LL << 20) / move + 1));
+      std::vector<__nv_bfloat16*> qkv(n_sets);
+      std::vector<int64_t*> pos(n_sets);
+      std::vector<int4*> contig(n_sets);
+      const int64_t qkv_elems = row_elems * (int64_t)T;
+      const int64_t contig16 = (qk_bytes / 2 + 15) / 16;
+      for (int i = 0; i < n_sets; ++i) {
+        CK(cudaMalloc(&qkv[i], qkv_elems * 2));
+        fill_bf16<<<2048, 256>>>(qkv[i], qkv_elems, rng());
+        CK(cudaMalloc(&pos[i], T * 8));
+        fill_pos<<<64, 256>>>(pos[i], T, rows, rng());
+        CK(cudaMalloc(&contig[i], contig16 * 16));
+        CK(cudaMemset(contig[i], 1, contig16 * 16));
+      }
+      auto params = [&](int i) {
+        RotaryParams p{};
+        p.positions = pos[i];
+        p.cache_offsets = nullptr;
+        p.query = qkv[i];
+        p.key = qkv[i] + (int64_t)sh.hq * sh.d;
+        p.cache = cache;
+        p.q_token_stride = p.k_token_stride = row_elems;
+        p.q_head_stride = p.k_head_stride = sh.d;
+        p.cache_rows = rows;
+        p.cache_row_stride = sh.rot;
+        p.num_tokens = T;
+        p.seq_len = T;
+        p.num_heads = sh.hq;
+        p.num_kv_heads = sh.hk;
+        p.rot_dim = sh.rot;
+        p.dtype = DType::kBFloat16;
+        p.cache_dtype = DType::kFloat32;
+        p.positions_int64 = true;
+        p.is_neox = sh.neox;
+        return p;
+      };
+      if (T == 1024 || T == 8192) {  // correctness against a CPU float reference
+        std::vector<__nv_bfloat16> before(qkv_elems), after(qkv_elems);
+        std::vector<int64_t> hp(T);
+        std::vector<float> hc((size_t)rows * sh.rot);
+        CK(cudaMemcpy(before.data(), qkv[0], qkv_elems * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hp.data(), pos[0], T * 8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hc.data(), cache, hc.size() * 4, cudaMemcpyDeviceToHost));
+        RotaryParams p0 = params(0);
+        if (launch_rotary_embedding(p0, nullptr, 0)) { printf("launch failed\n"); exit(1); }
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(after.data(), qkv[0], qkv_elems * 2, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        int64_t changed_wrong = 0;
+        const int half = sh.rot / 2;
+        for (int t = 0; t < T; ++t) {
+          const float* crow = &hc[(size_t)hp[t] * sh.rot];
+          for (int h = 0; h < sh.hq + 2 * sh.hk; ++h) {
+            const int64_t base = (int64_t)t * row_elems + (int64_t)h * sh.d;
+            for (int e = 0; e < sh.d; ++e) {
+              float want = __bfloat162float(before[base + e]);
+              if (h < sh.hq + sh.hk && e < sh.rot) {
+                int i = sh.neox ? (e % half) : e / 2;
+                bool first = sh.neox ? e < half : e % 2 == 0;
+                int pe = sh.neox ? (first ? e + half : e - half) : (first ? e + 1 : e - 1);
+                float x = __bfloat162float(before[base + e]), y = __bfloat162float(before[base + pe]);
+                want = first ? x * crow[i] - y * crow[half + i] : x * crow[i] + y * crow[half + i];
+              }
+              float got = __bfloat162float(after[base + e]);
+              if (h >= sh.hq + sh.hk || e >= sh.rot) { if (got != want) ++changed_wrong; continue; }
+              worst = std::max(worst, (double)fabsf(got - want));
+            }
+          }
+        }
+        printf("%-20s %7d  check: max abs err %.3g, pass-through changed %lld -> %s\n", sh.name, T, worst,
+               (long long)changed_wrong, worst < 0.05 && changed_wrong == 0 ? "OK" : "FAIL");
+        CK(cudaMemcpy(qkv[0], before.data(), qkv_elems * 2, cudaMemcpyHostToDevice));
+      }
+      float k_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+        RotaryParams p = params(i);
+        int err = launch_rotary_embedding(p, s, 0);
+        if (err) { printf("launch error %d\n", err); exit(1); }
+      });
+      CK(cudaDeviceSynchronize());
+      if (!floors) {
+        printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s\n", sh.name, T, k_us, move / k_us * 1e-6);
+      } else {
+      const int chunks = sh.rot * 2 / 16;
+      const int64_t pat_threads = (int64_t)T * (sh.hq + sh.hk) * chunks;
+      float pat_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+        touch_pattern<<<(unsigned)((pat_threads + 255) / 256), 256, 0, s>>>(
+            (char*)qkv[i], T, sh.hq + sh.hk, chunks, row_elems * 2, sh.d * 2, 0);
+      });
+      float con_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+        touch_contig<<<(unsigned)((contig16 + 1023) / 1024), 256, 0, s>>>(contig[i], contig16, 0);
+      });
+      printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s | pattern %9.2f | contig %9.2f | k/pat %.3f k/contig %.3f\n",
+             sh.name, T, k_us, move / k_us * 1e-6, pat_us, con_us, pat_us / k_us, con_us / k_us);
+      }
+      fflush(stdout);
+      for (int i = 0; i < n_sets; ++i) {
+        cudaFree(qkv[i]);
+        cudaFree(pos[i]);
+        cudaFree(contig[i]);
+      }
+    }
+    cudaFree(cache);
+  }
+  return 0;
+}
