@@ -1,11 +1,12 @@
-// The kernel against two floors, without torch: how close is it to an ideal pass over its bytes?
+// The kernel against two floors, without torch: how close is it to a simple pass over its bytes?
 //
 // For each shape and token count (bf16 q/k sliced from a fused qkv tensor, float32 cache of
 // 131072 rows, random int64 positions, CUDA-graph replays of 20 calls over input sets that
 // together exceed twice the L2, like `rope-compat bench`), it prints the kernel's time and:
 //   pattern: a trivial in-place kernel (one thread per 16-byte chunk, load, store back) over
-//            exactly the rotated bytes of the same q/k views: the best any kernel can do with
-//            that access pattern, before reading positions or cache rows;
+//            exactly the rotated bytes of the same q/k views: what that access pattern allows
+//            a plain streaming kernel, before reading positions or cache rows (a kernel that
+//            keeps more loads in flight can beat it a little);
 //   contig:  the same kernel over a contiguous buffer of as many bytes.
 // At 1024 and 8192 tokens it also checks the kernel against a CPU float reference (and that
 // nothing outside the rotated dims changed).
