@@ -164,6 +164,12 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
   RETURN_IF_FAILED(check_device("cos_sin_cache", cache, positions));
   if (key) RETURN_IF_FAILED(check_device("key", *key, positions));
   if (offsets) RETURN_IF_FAILED(check_device("cos_sin_cache_offsets", *offsets, positions));
+  // The public entry point and the dispatcher only send CUDA tensors here; a direct call of
+  // launch() with host tensors must not hand their pointers to the GPU.
+  if (!positions.is_cuda()) {
+    return fail("ValueError", "positions: on device ", positions.device().str(),
+                "; the compiled kernel takes CUDA tensors only");
+  }
   if (head_size <= 0) return fail("ValueError", "head_size: must be positive, got ", head_size);
   if (cache.dim() != 2) {
     return fail("ValueError", "cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape ", shape_of(cache));

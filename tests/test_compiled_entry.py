@@ -100,3 +100,26 @@ def test_entry_copy_is_distinct_and_traced_like_the_entry_cuda():
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert_matches_reference(q, want_q)
     assert_matches_reference(k, want_k)
+
+
+# The module's own functions, called directly: errors that the public entry point never
+# produces (it sends host tensors and odd argument counts to the Python function).
+
+
+def test_launch_rejects_host_tensors_before_touching_them_cuda():
+    case = make_case(tokens=(5,), heads=4, kv_heads=2, head_size=64, device="cpu")
+    before = case.query.clone()
+    with pytest.raises(ValueError, match=r"positions: on device cpu; the compiled kernel takes CUDA tensors only"):
+        api._C.launch(*case.args())
+    assert torch.equal(case.query, before)
+
+
+def test_launch_counts_its_arguments_cuda():
+    case = make_case(tokens=(5,), heads=4, kv_heads=2, head_size=64, device="cpu")
+    with pytest.raises(TypeError, match=r"rotary_embedding: expected 6 to 8 positional arguments, got 3"):
+        api._C.launch(*case.args()[:3])
+
+
+def test_set_fallback_rejects_a_non_callable_cuda():
+    with pytest.raises(TypeError, match=r"set_fallback: expected a callable"):
+        api._C.set_fallback(3)
