@@ -5,9 +5,9 @@
 // its group (q heads first, then k heads), so the cache is read once per token and unit.
 // Only the rotated dims are touched: pass-through dims are never read or written.
 //
-// Memory-level parallelism is what makes this op fast: every thread issues all its q/k loads
-// (up to kHeadsPerBatch heads, two 16-byte vectors each) before it waits on anything, and the
-// position -> cache-row chain is issued after them so both latencies overlap.
+// Memory-level parallelism is what makes this op fast: every thread issues the q/k loads of
+// kHeadsPerBatch heads (two vectors each) before it waits on anything, and the position ->
+// cache-row chain is issued after them so both latencies overlap.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -254,11 +254,16 @@ int launch(const RotaryParams& p, const Target& t) {
   const int32_t units_per_head = p.rot_dim / 2 / V;
   const int32_t heads_total = p.num_heads + (p.key == nullptr ? 0 : p.num_kv_heads);
   // Small calls: one head per thread, for the most parallelism and the shortest chain.
-  // Large calls: up to 8 heads per thread (measured best on an H200), so the cos/sin row is
-  // reused and every thread keeps 4 heads of loads in flight.
+  // Large calls: up to 4 heads per thread, so the cos/sin row is reused. How many of them
+  // have loads in flight at once was measured on an H200 at 8192 and 131072 tokens (max 4
+  // heads, 2 or 4 at a time, against 8 heads 4 at a time, the previous choice):
+  //   whole 128-dim heads (8+ units a head), 2 at a time: 32/8 heads 667 -> 660 us, 64/8
+  //     1195 -> 1182 us (4 at a time: 678 and 1210 us);
+  //   64 rotated dims (4 units a head), 4 at a time: partial 32/32 NeoX 627 -> 604 us,
+  //     16/16 GPT-J 325 -> 319 us (2 at a time: 624 and 319 us).
   const int64_t work = static_cast<int64_t>(p.num_tokens) * heads_total * units_per_head;
   const int64_t resident = static_cast<int64_t>(num_sms(t.device)) * 2048;
-  const int64_t per_thread = std::min<int64_t>(std::max<int64_t>(work / resident, 1), 8);
+  const int64_t per_thread = std::min<int64_t>(std::max<int64_t>(work / resident, 1), 4);
   Launch l;
   l.groups = static_cast<int32_t>((heads_total + per_thread - 1) / per_thread);
   l.units_per_token = FastDiv(static_cast<uint32_t>(l.groups * units_per_head));
@@ -270,16 +275,32 @@ int launch(const RotaryParams& p, const Target& t) {
     l.token_begin = static_cast<int32_t>(begin);
     l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * l.units_per_token.d;
-    const cudaError_t err = per_thread == 1 ? launch_kernel<T, CT, V, 1>(threads, t, p, l)
-                                            : launch_kernel<T, CT, V, 4>(threads, t, p, l);
+    const cudaError_t err = per_thread == 1      ? launch_kernel<T, CT, V, 1>(threads, t, p, l)
+                            : units_per_head >= 8 ? launch_kernel<T, CT, V, 2>(threads, t, p, l)
+                                                  : launch_kernel<T, CT, V, 4>(threads, t, p, l);
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
 }
 
+// Vector width for this call: the widest the pointers and strides allow, except that a call
+// of 2048 to 4608 threads at 16-byte vectors runs with 8-byte vectors (twice the threads).
+// Measured on an H200 in CUDA graphs, bf16 q/k: 12 tokens of 32/8 heads x 128 1.52 -> 1.38 us,
+// 16 tokens of partial 32/32 (rot 64) 1.54 -> 1.43 us, 16 tokens of 16/16 x 256 GPT-J (rot 64)
+// 1.50 -> 1.21 us. Below and above that range the narrower vectors were slower (1 token:
+// 1.06 -> 1.16 us; 24 tokens of 32/8: 1.68 -> 1.95 us).
+template <typename T>
+int call_width(const RotaryParams& p) {
+  const int v = vector_width(p);
+  if (v * static_cast<int>(sizeof(T)) != 16) return v;
+  const int64_t heads_total = p.num_heads + (p.key == nullptr ? 0 : p.num_kv_heads);
+  const int64_t threads = static_cast<int64_t>(p.num_tokens) * heads_total * (p.rot_dim / 2 / v);
+  return threads >= 2048 && threads <= 4608 ? v / 2 : v;
+}
+
 template <typename T, typename CT>
 int dispatch_width(const RotaryParams& p, const Target& t) {
-  switch (vector_width(p)) {
+  switch (call_width<T>(p)) {
     case 8:
       if constexpr (sizeof(T) == 2) return launch<T, CT, 8>(p, t);
       break;

@@ -193,5 +193,27 @@ def test_many_tokens_in_blocks(device):
     run_and_check(case)
 
 
+# Model shapes at decode sizes: (heads, kv_heads, head_size, rot_dim, is_neox). Together with
+# the token counts they cross the range in which the CUDA kernel halves its vector width (2048
+# to 4608 threads at 16-byte vectors) from both sides.
+DECODE_SHAPES = {
+    "32/8x128": (32, 8, 128, 128, True),
+    "64/8x128": (64, 8, 128, 128, True),
+    "32/32x128-rot64": (32, 32, 128, 64, True),
+    "16/16x256-rot64-gptj": (16, 16, 256, 64, False),
+}
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 8, 12, 16, 24, 32])
+@pytest.mark.parametrize("shape", DECODE_SHAPES)
+def test_decode_sizes(device, shape, tokens):
+    heads, kv_heads, head_size, rot_dim, is_neox = DECODE_SHAPES[shape]
+    case = make_case(
+        tokens=(tokens,), heads=heads, kv_heads=kv_heads, head_size=head_size, rot_dim=rot_dim,
+        is_neox=is_neox, dtype=torch.bfloat16, layout="fused_flat", device=device,
+    )
+    run_and_check(case)
+
+
 def test_tolerances_cover_every_dtype():
     assert set(TOLERANCES) == set(DTYPES)
