@@ -19,7 +19,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -32,9 +31,9 @@ namespace {
 using at::Tensor;
 using c10::ScalarType;
 
-// An argument error: the Python exception's name and its message.
+// An argument error: the Python exception type to raise (PyExc_*) and its message.
 struct Failure {
-  const char* kind;
+  PyObject* type;
   std::string message;
 };
 
@@ -46,10 +45,10 @@ template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
 inline void append(std::string& out, Int v) { out += std::to_string(v); }
 
 template <typename... Args>
-Failure fail(const char* kind, const Args&... args) {
+Failure fail(PyObject* type, const Args&... args) {
   std::string message;
   (append(message, args), ...);
-  return Failure{kind, std::move(message)};
+  return Failure{type, std::move(message)};
 }
 
 #define RETURN_IF_FAILED(expr)          \
@@ -98,30 +97,30 @@ std::optional<Failure> heads_layout(const char* name, const Tensor& x, const Ten
                                     int64_t head_size, Layout& l) {
   const int64_t pd = positions.dim();
   if (x.dim() != pd + 1 && x.dim() != pd + 2) {
-    return fail("ValueError", name, ": expected ", pd + 1, " dims [*positions.shape, heads * head_size] or ",
+    return fail(PyExc_ValueError, name, ": expected ", pd + 1, " dims [*positions.shape, heads * head_size] or ",
          pd + 2, " dims [*positions.shape, heads, head_size], got shape ", shape_of(x));
   }
   for (int64_t d = 0; d < pd; ++d) {
     if (x.size(d) != positions.size(d)) {
-      return fail("ValueError", name, ": leading dims must match positions.shape ", shape_of(positions),
+      return fail(PyExc_ValueError, name, ": leading dims must match positions.shape ", shape_of(positions),
            " (the same number of tokens), got shape ", shape_of(x));
     }
   }
   if (x.dim() == pd + 2) {
     if (x.size(-1) != head_size) {
-      return fail("ValueError", name, ": last dim is ", x.size(-1), ", expected head_size=", head_size);
+      return fail(PyExc_ValueError, name, ": last dim is ", x.size(-1), ", expected head_size=", head_size);
     }
     l.heads = x.size(-2);
     l.head_stride = x.stride(-2);
   } else {
     if (x.size(-1) % head_size != 0) {
-      return fail("ValueError", name, ": hidden size ", x.size(-1), " is not divisible by head_size=", head_size);
+      return fail(PyExc_ValueError, name, ": hidden size ", x.size(-1), " is not divisible by head_size=", head_size);
     }
     l.heads = x.size(-1) / head_size;
     l.head_stride = head_size;
   }
   if (x.numel() > 0 && x.stride(-1) != 1) {
-    return fail("ValueError", name, ": last dim must be contiguous (stride 1), got stride ", x.stride(-1));
+    return fail(PyExc_ValueError, name, ": last dim must be contiguous (stride 1), got stride ", x.stride(-1));
   }
   l.batch_stride = pd == 2 ? x.stride(0) : 0;
   l.token_stride = x.stride(pd - 1);
@@ -130,7 +129,7 @@ std::optional<Failure> heads_layout(const char* name, const Tensor& x, const Ten
 
 std::optional<Failure> check_device(const char* name, const Tensor& t, const Tensor& positions) {
   if (t.device() != positions.device()) {
-    return fail("ValueError", name, ": on device ", t.device().str(), ", but positions is on ",
+    return fail(PyExc_ValueError, name, ": on device ", t.device().str(), ", but positions is on ",
                 positions.device().str(),
          "; all tensors must be on one device");
   }
@@ -141,23 +140,23 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
          int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
          const Tensor* offsets) {
   if (!is_index_dtype(positions.scalar_type())) {
-    return fail("TypeError", "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
+    return fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
   }
   if (positions.dim() != 1 && positions.dim() != 2) {
-    return fail("ValueError", "positions: expected shape [num_tokens] or [batch, seq_len], got ", shape_of(positions));
+    return fail(PyExc_ValueError, "positions: expected shape [num_tokens] or [batch, seq_len], got ", shape_of(positions));
   }
-  if (!positions.is_contiguous()) return fail("ValueError", "positions: must be contiguous");
+  if (!positions.is_contiguous()) return fail(PyExc_ValueError, "positions: must be contiguous");
   const auto dtype = float_dtype(query.scalar_type(), false);
   if (!dtype) {
-    return fail("TypeError", "query: expected dtype float32, float16 or bfloat16, got ", dtype_name(query.scalar_type()));
+    return fail(PyExc_TypeError, "query: expected dtype float32, float16 or bfloat16, got ", dtype_name(query.scalar_type()));
   }
   if (key && key->scalar_type() != query.scalar_type()) {
-    return fail("TypeError", "key: dtype ", dtype_name(key->scalar_type()), " must equal query's dtype ",
+    return fail(PyExc_TypeError, "key: dtype ", dtype_name(key->scalar_type()), " must equal query's dtype ",
          dtype_name(query.scalar_type()));
   }
   const auto cache_dtype = float_dtype(cache.scalar_type(), true);
   if (!cache_dtype) {
-    return fail("TypeError", "cos_sin_cache: expected a float dtype (float32, float16, bfloat16, float64), got ",
+    return fail(PyExc_TypeError, "cos_sin_cache: expected a float dtype (float32, float16, bfloat16, float64), got ",
          dtype_name(cache.scalar_type()));
   }
   RETURN_IF_FAILED(check_device("query", query, positions));
@@ -167,23 +166,23 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
   // The public entry point and the dispatcher only send CUDA tensors here; a direct call of
   // launch() with host tensors must not hand their pointers to the GPU.
   if (!positions.is_cuda()) {
-    return fail("ValueError", "positions: on device ", positions.device().str(),
+    return fail(PyExc_ValueError, "positions: on device ", positions.device().str(),
                 "; the compiled kernel takes CUDA tensors only");
   }
-  if (head_size <= 0) return fail("ValueError", "head_size: must be positive, got ", head_size);
+  if (head_size <= 0) return fail(PyExc_ValueError, "head_size: must be positive, got ", head_size);
   if (cache.dim() != 2) {
-    return fail("ValueError", "cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape ", shape_of(cache));
+    return fail(PyExc_ValueError, "cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape ", shape_of(cache));
   }
   const int64_t rot_dim = cache.size(1);
   if (rot_dim <= 0 || rot_dim % 2 != 0) {
-    return fail("ValueError", "cos_sin_cache: rot_dim (size of dim 1) must be even and positive, got ", rot_dim);
+    return fail(PyExc_ValueError, "cos_sin_cache: rot_dim (size of dim 1) must be even and positive, got ", rot_dim);
   }
   if (cache.numel() > 0 && cache.stride(1) != 1) {
-    return fail("ValueError", "cos_sin_cache: last dim must be contiguous (stride 1)");
+    return fail(PyExc_ValueError, "cos_sin_cache: last dim must be contiguous (stride 1)");
   }
-  if (rope_dim_offset < 0) return fail("ValueError", "rope_dim_offset: must be >= 0, got ", rope_dim_offset);
+  if (rope_dim_offset < 0) return fail(PyExc_ValueError, "rope_dim_offset: must be >= 0, got ", rope_dim_offset);
   if (rope_dim_offset + rot_dim > head_size) {
-    return fail("ValueError", "rope_dim_offset + rot_dim = ", rope_dim_offset, " + ", rot_dim,
+    return fail(PyExc_ValueError, "rope_dim_offset + rot_dim = ", rope_dim_offset, " + ", rot_dim,
          " exceeds head_size=", head_size);
   }
   Layout q{}, k{};
@@ -191,22 +190,22 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
   if (key) {
     RETURN_IF_FAILED(heads_layout("key", *key, positions, head_size, k));
     if (k.heads == 0 || q.heads % k.heads != 0) {
-      return fail("ValueError", "key: query heads (", q.heads, ") must be a multiple of key heads (", k.heads, ")");
+      return fail(PyExc_ValueError, "key: query heads (", q.heads, ") must be a multiple of key heads (", k.heads, ")");
     }
   }
   const int64_t num_tokens = positions.numel();
   if (offsets) {
     if (!is_index_dtype(offsets->scalar_type())) {
-      return fail("TypeError", "cos_sin_cache_offsets: expected dtype int32 or int64, got ",
+      return fail(PyExc_TypeError, "cos_sin_cache_offsets: expected dtype int32 or int64, got ",
            dtype_name(offsets->scalar_type()));
     }
     if (offsets->numel() != num_tokens || !offsets->is_contiguous()) {
-      return fail("ValueError", "cos_sin_cache_offsets: expected a contiguous tensor of ", num_tokens,
+      return fail(PyExc_ValueError, "cos_sin_cache_offsets: expected a contiguous tensor of ", num_tokens,
            " elements (one per token), got shape ", shape_of(*offsets));
     }
   }
   if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
-    return fail("ValueError", "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
+    return fail(PyExc_ValueError, "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
   }
   if (num_tokens == 0 || q.heads + k.heads == 0) return std::nullopt;
 
@@ -244,7 +243,7 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   const int err = launch_rotary_embedding(p, stream, device);
   if (err != 0) {
-    return Failure{"RuntimeError", std::string("rope_compat: CUDA kernel launch failed: ") +
+    return Failure{PyExc_RuntimeError, std::string("rope_compat: CUDA kernel launch failed: ") +
                                        cudaGetErrorString(static_cast<cudaError_t>(err))};
   }
   return std::nullopt;
@@ -253,10 +252,7 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
 // ---- The Python binding: METH_FASTCALL functions over the CPython API.
 
 PyObject* raise(const Failure& f) {
-  PyObject* type = std::strcmp(f.kind, "TypeError") == 0    ? PyExc_TypeError
-                   : std::strcmp(f.kind, "ValueError") == 0 ? PyExc_ValueError
-                                                            : PyExc_RuntimeError;
-  PyErr_SetString(type, f.message.c_str());
+  PyErr_SetString(f.type, f.message.c_str());
   return nullptr;
 }
 
@@ -355,7 +351,7 @@ PyObject* batched_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   if (cache->dim() >= 1 && rot_dim != cache->size(-1)) {
-    return raise(fail("ValueError", "rot_dim: ", rot_dim, " must equal cos_sin_cache.shape[1] = ", cache->size(-1)));
+    return raise(fail(PyExc_ValueError, "rot_dim: ", rot_dim, " must equal cos_sin_cache.shape[1] = ", cache->size(-1)));
   }
   if (auto f = run(*positions, *query, key, head_size, *cache, is_neox, 0, false, offsets)) return raise(*f);
   Py_RETURN_NONE;
