@@ -120,6 +120,22 @@ def test_launch_counts_its_arguments_cuda():
         api._C.launch(*case.args()[:3])
 
 
+@pytest.mark.parametrize("index, value, match", [
+    (3, 2**64, r"head_size: expected an int \(64-bit\), got int"),  # overflows int64
+    (5, torch.ones(2), r"is_neox: expected a bool, got Tensor"),  # its truth value raises
+    (6, "0", r"rope_dim_offset: expected an int \(64-bit\), got str"),
+])
+def test_launch_rejects_scalars_it_cannot_convert_cuda(index, value, match):
+    """Arguments are converted before any tensor is looked at, so host tensors suffice here."""
+    case = make_case(tokens=(5,), heads=4, kv_heads=2, head_size=64, device="cpu")
+    args = list(case.args())
+    args[index] = value
+    before = case.query.clone()
+    with pytest.raises(TypeError, match=match):
+        api._C.launch(*args)
+    assert torch.equal(case.query, before)
+
+
 def test_set_fallback_rejects_a_non_callable_cuda():
     with pytest.raises(TypeError, match=r"set_fallback: expected a callable"):
         api._C.set_fallback(3)
