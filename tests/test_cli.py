@@ -227,6 +227,29 @@ def test_bench_cli_table_and_csv(tmp_path):
         assert row["timing"] == "cpu-wall" and row["dtype"] == "bfloat16"
 
 
+def test_bench_max_sets_reaches_the_runner(monkeypatch):
+    # --max-sets 1 is the warm-L2 condition of the README's comparison; it must not be dropped.
+    from rope_compat.bench import BenchRun
+    from rope_compat.cli import bench as bench_cmd, main
+
+    seen = {}
+    monkeypatch.setattr(bench_cmd, "run", lambda **kw: seen.update(kw) or BenchRun())
+    main(["bench", "--device", "cpu", "--max-sets", "1", "--no-progress"])
+    assert seen["max_sets"] == 1
+    main(["bench", "--device", "cpu", "--no-progress"])
+    assert seen["max_sets"] == 200
+
+
+@pytest.mark.parametrize("option", ["--max-sets", "--calls-per-graph", "--cache-rows"])
+def test_bench_rejects_counts_below_one(option, capsys):
+    from rope_compat.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--device", "cpu", option, "0"])
+    assert exc.value.code == 2
+    assert option in capsys.readouterr().err
+
+
 def test_bench_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     from rope_compat.bench import plot

@@ -8,6 +8,14 @@ from typing import List, Optional
 from ..bench.shapes import MODEL_SHAPES
 
 
+def _positive_int(text: str) -> int:
+    # argparse names the option in its message when this raises.
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rope-compat", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -36,8 +44,11 @@ def _parser() -> argparse.ArgumentParser:
                             "sgl-kernel (default: all available; '' for rope-compat alone)")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     bench.add_argument("--cache-dtype", choices=["bf16", "fp16", "fp32"], default="fp32")
-    bench.add_argument("--cache-rows", type=int, default=131072)
-    bench.add_argument("--calls-per-graph", type=int, default=20)
+    bench.add_argument("--cache-rows", type=_positive_int, default=131072)
+    bench.add_argument("--calls-per-graph", type=_positive_int, default=20)
+    bench.add_argument("--max-sets", type=_positive_int, default=200,
+                       help="most input sets to rotate through (default: enough to exceed twice the "
+                            "L2); 1 times every call on the same, L2-warm inputs")
     bench.add_argument("--target-s", type=float, default=0.2,
                        help="seconds of timed work per measurement (more: steadier figures)")
     bench.add_argument("--csv", metavar="PATH", help="write every measurement as CSV")

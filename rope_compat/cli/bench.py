@@ -26,6 +26,7 @@ def main(args) -> int:
         cache_rows=args.cache_rows,
         peers=[p for p in args.peers.split(",") if p] if args.peers is not None else None,
         calls_per_graph=args.calls_per_graph,
+        max_sets=args.max_sets,
         target_s=args.target_s,
         progress=not args.no_progress,
         seed=args.seed,
