@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from rope_compat.compat.startup import ENV_VAR
+from vllm_env import vllm_importable
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 HOOK = "rope_compat_startup.pth"
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
+HAS_VLLM = vllm_importable()
 
 
 def _installed_dist():

@@ -4,7 +4,6 @@ Every concurrent result must be bit-identical to the same call made serially: th
 deterministic, so any difference means shared state or a race.
 """
 
-import importlib.util
 import random
 import threading
 from typing import Callable, List
@@ -17,6 +16,7 @@ import rope_compat
 from cases import Case, make_case
 from reference import rope_reference
 from tolerances import assert_matches_reference
+from vllm_env import vllm_importable
 
 THREADS = 8
 
@@ -47,9 +47,9 @@ def _run_together(workers: List[Callable[[], None]]) -> None:
 
 @pytest.fixture
 def vllm_ops():
-    if importlib.util.find_spec("vllm") is None:
+    if not vllm_importable():
         pytest.skip("needs vLLM")
-    ops = pytest.importorskip("vllm._custom_ops")
+    import vllm._custom_ops as ops
     if not torch._C._dispatch_has_kernel_for_dispatch_key("_C::rotary_embedding", "CPU"):
         pytest.skip("this vLLM build has no CPU kernel")
     rope_compat.unpatch_vllm()

@@ -6,7 +6,6 @@ them: a separate process, PYTHONPATH set to the repository root. All are started
 which roughly halves the wall time on a two-core machine; each test then waits for its own.
 """
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -14,11 +13,12 @@ import sys
 from typing import Dict, Iterator, List, NamedTuple, Tuple
 
 import pytest
+from vllm_env import vllm_importable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(REPO, "migration_guide")
 EXAMPLES = os.path.join(GUIDE, "examples")
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
+HAS_VLLM = vllm_importable()
 
 # Runs a script with vLLM made unimportable first (`import vllm` raises ModuleNotFoundError,
 # `find_spec("vllm")` returns None), as in an environment without vLLM.

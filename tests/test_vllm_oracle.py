@@ -19,8 +19,11 @@ import torch
 
 import rope_compat
 from cases import make_case
+from vllm_env import vllm_importable
 
-vllm_ops = pytest.importorskip("vllm._custom_ops", reason="needs vLLM's compiled ops")
+if not vllm_importable():
+    pytest.skip("needs vLLM's compiled ops", allow_module_level=True)
+import vllm._custom_ops as vllm_ops  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}

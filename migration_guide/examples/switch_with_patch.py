@@ -13,7 +13,6 @@ The same at start-up, without code: `ROPE_COMPAT_PATCH=1` (or `=dispatcher`), or
 all inside vLLM itself, whose plugin loader runs rope-compat's `vllm.general_plugins` entry.
 """
 
-import importlib.util
 import sys
 
 import torch
@@ -21,11 +20,11 @@ import torch
 import rope_compat
 from reference64 import check, default_freqs, rope64
 
-if importlib.util.find_spec("vllm") is None:
-    print("vLLM is not installed: nothing to patch (see switch_with_alias.py)")
+try:
+    from vllm import _custom_ops as ops  # the engine's existing import
+except ImportError as e:  # not installed, or installed without its dependencies
+    print(f"vLLM does not import ({e}): nothing to patch (see switch_with_alias.py)")
     sys.exit(0)
-
-from vllm import _custom_ops as ops  # noqa: E402  (the engine's existing import)
 
 torch.manual_seed(0)
 T, Hq, Hk, D = 5, 4, 2, 64
