@@ -29,6 +29,7 @@ from rope_compat.cli.reference import rope_reference as complex_reference
 from cases import LAYOUTS, make_case
 from reference import rope_reference
 from tolerances import assert_matches_reference
+from vllm_env import vllm_importable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -133,7 +134,7 @@ def test_verify_passes_and_exits_zero():
     assert len(rows) == len(verify_cmd.cases())
     assert all(line.endswith("| PASS") for line in rows)
     assert f"rope-compat: {len(rows)}/{len(rows)} cases PASS" in r.stdout
-    if importlib.util.find_spec("vllm") is not None:  # vLLM's CPU kernel agrees where it runs
+    if vllm_importable():  # vLLM's CPU kernel agrees where it runs
         assert "vllm err/tol" in r.stdout and "vllm: 0/" not in r.stdout
         assert not any("FAIL" in line for line in rows)
 
@@ -174,6 +175,39 @@ def test_shape_and_token_parsing():
             parse_shape(bad)
     assert parse_tokens("1,16,1024") == [1, 16, 1024]
     assert parse_tokens("8-64") == [8, 16, 32, 64]
+    for bad, why in (("0", "at least 1"), ("4,0", "at least 1"), ("8-2", "no power of two"),
+                     ("abc", "expected counts"), ("-1", "expected counts"), ("1,,2", "expected counts")):
+        with pytest.raises(ValueError, match=why):
+            parse_tokens(bad)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--tokens", "0"], "--tokens"),
+    (["--tokens", "8-2"], "--tokens"),
+    (["--shapes", "llama3-8b,foo"], "--shapes"),
+    (["--shapes", "4/3x64"], "--shapes"),
+    (["--peers", "torch eager,nope"], "--peers"),
+])
+def test_bench_rejects_bad_lists_before_running(argv, option, capsys, monkeypatch):
+    from rope_compat.cli import bench as bench_cmd
+
+    monkeypatch.setattr(bench_cmd, "run", lambda **kw: pytest.fail("ran despite a bad argument"))
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--device", "cpu", *argv])
+    assert exc.value.code == 2
+    assert f"argument {option}" in capsys.readouterr().err
+
+
+def test_bench_plot_without_matplotlib_fails_before_running(tmp_path, capsys, monkeypatch):
+    import importlib.util as iu
+
+    from rope_compat.cli import bench as bench_cmd
+
+    real_find_spec = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    monkeypatch.setattr(bench_cmd, "run", lambda **kw: pytest.fail("ran although the plot cannot be drawn"))
+    assert main(["bench", "--device", "cpu", "--plot", str(tmp_path / "x.png")]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
 
 
 def test_bytes_to_move_counts_only_rotated_qk_positions_and_cache_rows():

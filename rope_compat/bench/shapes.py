@@ -67,11 +67,20 @@ def parse_shape(text: str) -> Shape:
 
 
 def parse_tokens(text: str) -> List[int]:
-    """'1,16,1024' or a range of powers of two '1-131072'."""
-    if "-" in text:
-        lo, hi = (int(v) for v in text.split("-"))
-        return [t for t in ALL_TOKENS if lo <= t <= hi]
-    return [int(v) for v in text.split(",")]
+    """'1,16,1024' or a range of powers of two '1-131072'; ValueError unless every count is >= 1."""
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-"))
+            tokens = [t for t in ALL_TOKENS if lo <= t <= hi]
+        else:
+            tokens = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"tokens {text!r}: expected counts like 1,16,1024 or a range like 1-131072") from None
+    if not tokens:
+        raise ValueError(f"tokens {text!r}: the range holds no power of two")
+    if min(tokens) < 1:
+        raise ValueError(f"tokens {text!r}: counts must be at least 1")
+    return tokens
 
 
 def bytes_to_move(

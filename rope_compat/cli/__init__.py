@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
-from ..bench.shapes import MODEL_SHAPES
+from ..bench.shapes import MODEL_SHAPES, Shape, parse_shape, parse_tokens
 
 
 def _positive_int(text: str) -> int:
@@ -14,6 +14,32 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _token_list(text: str) -> List[int]:
+    try:
+        return parse_tokens(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _shape_list(text: str) -> List[Shape]:
+    try:
+        return [parse_shape(s) for s in text.split(",")]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _peer_list(text: str) -> List[str]:
+    from ..bench.external import EXTERNALS
+    from ..bench.peers import BUILTIN
+
+    names = [p for p in text.split(",") if p]
+    known = [p.name for p in BUILTIN] + [e.name for e in EXTERNALS]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peers {unknown}; known: {', '.join(known)}")
+    return names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,13 +59,13 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="time rope-compat beside roofline, Torch and other kernels")
     bench.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when present")
-    bench.add_argument("--shapes", metavar="LIST",
+    bench.add_argument("--shapes", metavar="LIST", type=_shape_list,
                        help=f"comma list of {', '.join(MODEL_SHAPES)} or 'Hq/HkxD[:rot][:neox|gptj]' "
                             "(default: all models)")
-    bench.add_argument("--tokens", metavar="LIST",
+    bench.add_argument("--tokens", metavar="LIST", type=_token_list,
                        help="comma list (1,16,1024) or power-of-two range (1-131072); "
                             "default 1,16,128,1024,8192,32768,131072 on CUDA, 1,16,256 on the CPU")
-    bench.add_argument("--peers", metavar="LIST",
+    bench.add_argument("--peers", metavar="LIST", type=_peer_list,
                        help="comma list of roofline, torch eager, torch.compile, vllm, flashinfer, "
                             "sgl-kernel (default: all available; '' for rope-compat alone)")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")

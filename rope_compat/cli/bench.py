@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import torch
 
 from ..bench import format_tables, plot, run, write_csv
-from ..bench.shapes import parse_tokens
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -17,14 +17,18 @@ def main(args) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("bench: --device cuda, but no CUDA device is available", file=sys.stderr)
         return 2
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        # Said before the run, which can take minutes, rather than after it.
+        print("bench: --plot needs matplotlib: pip install 'rope-compat[plot]'", file=sys.stderr)
+        return 2
     result = run(
-        shapes=args.shapes.split(",") if args.shapes else None,
-        tokens=parse_tokens(args.tokens) if args.tokens else None,
+        shapes=args.shapes,
+        tokens=args.tokens,
         device=device,
         dtype=DTYPES[args.dtype],
         cache_dtype=DTYPES[args.cache_dtype],
         cache_rows=args.cache_rows,
-        peers=[p for p in args.peers.split(",") if p] if args.peers is not None else None,
+        peers=args.peers,
         calls_per_graph=args.calls_per_graph,
         max_sets=args.max_sets,
         target_s=args.target_s,
