@@ -5,7 +5,6 @@ the query's dtype, so comparisons with it stay inside that. Proof that rope-comp
 after a patch uses `inverse=True`: vLLM's CPU kernel refuses it, rope-compat's computes it.
 """
 
-import importlib.util
 import sys
 import threading
 import types
@@ -20,14 +19,15 @@ from rope_compat.compat.vllm_patch import UnsupportedVllmError, check_vllm_schem
 from cases import make_case
 from reference import rope_reference
 from tolerances import TOLERANCES, assert_matches_reference
+from vllm_env import vllm_importable
 
 
 @pytest.fixture(scope="module")
 def vllm_ops():
     """vLLM's `_custom_ops` module; tests that use it are marked `vllm` and skip without it."""
-    if importlib.util.find_spec("vllm") is None:
+    if not vllm_importable():
         pytest.skip("needs vLLM")
-    ops = pytest.importorskip("vllm._custom_ops")
+    import vllm._custom_ops as ops
     if not torch._C._dispatch_has_kernel_for_dispatch_key("_C::rotary_embedding", "CPU"):
         pytest.skip("this vLLM build has no CPU kernel")
     return ops
@@ -130,6 +130,22 @@ def test_names_imported_before_and_after_the_patch_are_rebound_and_restored(vllm
     finally:
         sys.modules.pop("rope_compat_test_engine_before", None)
         sys.modules.pop("rope_compat_test_engine_after", None)
+
+
+@pytest.mark.vllm
+def test_a_module_under_two_names_is_listed_once(vllm_ops):
+    # multiprocessing registers `__main__` a second time as `__mp_main__`.
+    module = _module_importing_rotary("rope_compat_test_engine_main")
+    sys.modules["rope_compat_test_engine_mp_main"] = module
+    try:
+        bound = rope_compat.patch_vllm().functions["rotary_embedding"]
+        names = [n for n in bound if n.startswith("rope_compat_test_engine_")]
+        assert names == ["rope_compat_test_engine_main.rotary_embedding"], bound
+        assert module.rotary_embedding is vllm_ops.rotary_embedding
+    finally:
+        rope_compat.unpatch_vllm()
+        sys.modules.pop("rope_compat_test_engine_main", None)
+        sys.modules.pop("rope_compat_test_engine_mp_main", None)
 
 
 @pytest.mark.vllm

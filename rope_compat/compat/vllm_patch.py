@@ -115,6 +115,7 @@ def _distinct_copy(fn: Callable) -> Callable:
 
 def _module_bindings(target: object) -> Iterator[Tuple[str, dict, str]]:
     """(module name, module dict, attribute) for every module global that is `target`."""
+    seen = set()
     for mod_name, module in list(sys.modules.items()):
         try:
             namespace = vars(module)
@@ -122,6 +123,11 @@ def _module_bindings(target: object) -> Iterator[Tuple[str, dict, str]]:
             continue
         if not isinstance(namespace, dict):  # e.g. a class standing in as a module
             continue
+        # One module can sit under two names (multiprocessing adds `__mp_main__` for
+        # `__main__`): report it once, under the first.
+        if id(namespace) in seen:
+            continue
+        seen.add(id(namespace))
         for attr, value in list(namespace.items()):
             if value is target:
                 yield mod_name, namespace, attr
