@@ -23,6 +23,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("eager_wall.py times CUDA launches: it needs a CUDA device")
     gen = torch.Generator().manual_seed(0)
     steps = {}
     for name in ("llama3-8b", "llama3-70b-tp", "partial-rotary", "gptj"):
