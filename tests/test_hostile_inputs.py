@@ -197,6 +197,33 @@ def test_rejected(row: Rejection, entry: str, device: str):
     _assert_unchanged((case.query, case.key), before)
 
 
+# Under torch.compile the checks run at trace time on fake tensors; Dynamo reports the
+# exception wrapped in its TorchRuntimeError (a RuntimeError) with the original type and message
+# in its text. One row per kind of check keeps the traces few.
+COMPILE_ROWS = ("positions float32", "query and key float64", "positions 3-D", "rot_dim > head_size",
+                "query last dim not contiguous", "head_size 0")
+
+
+@pytest.mark.parametrize("row", [r for r in REJECTIONS if r.id in COMPILE_ROWS], ids=lambda r: r.id)
+def test_rejected_under_torch_compile(row: Rejection, device: str):
+    import re
+
+    from torch._dynamo.exc import TorchRuntimeError
+
+    case = row.mutate(_base(device), device)
+    before = _snapshot(case.query, case.key)
+    compiled = torch.compile(rope_compat.rotary_embedding, backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(TorchRuntimeError) as exc:
+            compiled(*case.args())
+    finally:
+        torch._dynamo.reset()
+    assert f"{row.error.__name__}(" in str(exc.value)
+    assert re.search(row.match, str(exc.value)), str(exc.value)
+    _assert_unchanged((case.query, case.key), before)
+
+
 # --- batched_rotary_embedding (vLLM's former multi-LoRA op) -------------------------------------
 
 
