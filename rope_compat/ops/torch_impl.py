@@ -29,6 +29,35 @@ from .checks import RotaryShape, check_positions_in_range, check_rotary_args
 _BLOCK_BYTES = 2 << 20
 
 
+def _cache_rows_checked(rows: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """Cache rows `rows` (CPU); IndexError naming positions for a row outside the cache."""
+    # index_select refuses rows outside the cache (negative ones included), before anything
+    # is written: the bounds check costs nothing extra here. Its errors (IndexError, or
+    # RuntimeError for an empty cache) become the documented one.
+    try:
+        return cos_sin_cache.index_select(0, rows)
+    except (IndexError, RuntimeError):
+        check_positions_in_range(rows, cos_sin_cache.shape[0])
+        raise
+
+
+def _cache_rows_or_identity(rows: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """Cache rows `rows`, and the identity rotation (cos 1, sin 0) for rows outside the cache.
+
+    For accelerators, where checking bounds on the host would sync: such a token is left as
+    it was, like the CUDA kernel leaves it.
+    """
+    n = cos_sin_cache.shape[0]
+    valid = ((rows >= 0) & (rows < n)).unsqueeze(-1)
+    if n == 0:  # nothing can be gathered: every token gets the identity
+        cs = cos_sin_cache.new_zeros(rows.numel(), cos_sin_cache.shape[1])
+    else:
+        cs = cos_sin_cache.index_select(0, rows.clamp(0, n - 1))
+    half = cs.shape[-1] // 2
+    identity = torch.cat([torch.ones_like(cs[:, :half]), torch.zeros_like(cs[:, half:])], -1)
+    return torch.where(valid, cs, identity)
+
+
 def _gather_cos_sin(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
@@ -42,27 +71,7 @@ def _gather_cos_sin(
     rows = positions.view(-1)
     if cache_offsets is not None:
         rows = rows.long() + cache_offsets.view(-1)  # in int64: an int32 sum could wrap
-    if rows.is_cpu:
-        # index_select refuses rows outside the cache (negative ones included), before
-        # anything is written: the bounds check costs nothing extra here. Its errors
-        # (IndexError, or RuntimeError for an empty cache) become the documented one.
-        try:
-            cs = cos_sin_cache.index_select(0, rows)
-        except (IndexError, RuntimeError):
-            check_positions_in_range(rows, cos_sin_cache.shape[0])
-            raise
-    else:
-        # Bounds were not checked on the host (that would sync): rows outside the cache
-        # get the identity rotation (cos 1, sin 0), so the token is left as it was.
-        n = cos_sin_cache.shape[0]
-        valid = ((rows >= 0) & (rows < n)).unsqueeze(-1)
-        if n == 0:  # nothing can be gathered: every token gets the identity
-            cs = cos_sin_cache.new_zeros(rows.numel(), cos_sin_cache.shape[1])
-        else:
-            cs = cos_sin_cache.index_select(0, rows.clamp(0, n - 1))
-        half = cs.shape[-1] // 2
-        identity = torch.cat([torch.ones_like(cs[:, :half]), torch.zeros_like(cs[:, half:])], -1)
-        cs = torch.where(valid, cs, identity)
+    cs = _cache_rows_checked(rows, cos_sin_cache) if rows.is_cpu else _cache_rows_or_identity(rows, cos_sin_cache)
     cos, sin = cs.float().view(*positions.shape, 1, 2, -1).unbind(-2)
     neg_sin = -sin
     return (cos, neg_sin, sin) if inverse else (cos, sin, neg_sin)
