@@ -326,13 +326,13 @@ def test_nan_and_inf_follow_ieee(where: str, is_neox: bool, dtype: torch.dtype, 
 )
 @pytest.mark.parametrize("layout", ["flat", "heads"])
 def test_empty_inputs_are_a_no_op(tokens, heads, kv_heads, with_key, layout, device):
+    """Legal: both entry points return without an error (and there is nothing to write)."""
     case = make_case(
         tokens=tokens, heads=heads, kv_heads=kv_heads, head_size=64, layout=layout,
         with_key=with_key, device=device,
     )
-    rope_compat.rotary_embedding(*case.args())
-    torch.ops.rope_compat.rotary_embedding(*case.args())
-    assert case.query.numel() == 0
+    assert rope_compat.rotary_embedding(*case.args()) is None
+    assert torch.ops.rope_compat.rotary_embedding(*case.args()) is None
 
 
 def test_empty_tokens_with_empty_cache(device):
@@ -377,19 +377,44 @@ def _impl(name: str) -> Callable:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 37, 4096])
 def test_bounds_cuda_out_of_range_tokens_untouched(rows, dtype, is_neox, pos_dtype, impl):
-    positions = _bounds_positions(pos_dtype, rows, "cuda")
+    _check_out_of_range_tokens_untouched(_impl(impl), "cuda", rows, dtype, is_neox, pos_dtype)
+
+
+# The Torch fallback on an accelerator gathers without a host-side bounds check (identity
+# rotation for rows outside the cache). That path is chosen by device; here it runs on CPU.
+@pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rows", [1, 37])
+def test_bounds_torch_accelerator_path_on_cpu(rows, is_neox, pos_dtype, monkeypatch):
+    monkeypatch.setattr(torch_impl, "_cache_rows_checked", torch_impl._cache_rows_or_identity)
+    _check_out_of_range_tokens_untouched(torch_impl.rotary_embedding, "cpu", rows, torch.bfloat16,
+                                         is_neox, pos_dtype)
+
+
+def test_bounds_torch_accelerator_path_on_cpu_empty_cache(monkeypatch):
+    monkeypatch.setattr(torch_impl, "_cache_rows_checked", torch_impl._cache_rows_or_identity)
+    q, k = torch.randn(9, 4 * 64), torch.randn(9, 2 * 64)
+    before_q, before_k = q.clone(), k.clone()
+    torch_impl.rotary_embedding(torch.arange(9), q, k, 64, torch.empty(0, 64), True)
+    assert torch.equal(q, before_q) and torch.equal(k, before_k)
+
+
+def _check_out_of_range_tokens_untouched(rotate: Callable, device: str, rows: int, dtype: torch.dtype,
+                                         is_neox: bool, pos_dtype: torch.dtype) -> None:
+    positions = _bounds_positions(pos_dtype, rows, device)
     n = positions.numel()
     # q and k inside one fused tensor, so a stray write anywhere in it is seen; the cache is
     # its own allocation, exactly rows x rot_dim, so a memory checker sees any read past it.
-    qkv = torch.randn(n, (8 + 2 * 2) * 64 + 8, dtype=dtype, device="cuda")
+    qkv = torch.randn(n, (8 + 2 * 2) * 64 + 8, dtype=dtype, device=device)
     q, k = qkv[:, : 8 * 64], qkv[:, 8 * 64 : 10 * 64]
-    cache = random_cache(rows, 64, torch.float32, "cuda")
+    cache = random_cache(rows, 64, torch.float32, device)
     before = qkv.clone()
     inside = (positions >= 0) & (positions < rows)
     want_q, want_k = rope_reference(positions.clamp(0, rows - 1), q, k, 64, cache, is_neox)
 
-    _impl(impl)(positions, q, k, 64, cache, is_neox)
-    torch.cuda.synchronize()
+    rotate(positions, q, k, 64, cache, is_neox)
+    if device == "cuda":
+        torch.cuda.synchronize()
 
     assert torch.equal(qkv[~inside], before[~inside]), "an out-of-range token was written"
     assert torch.equal(qkv[:, 10 * 64 :], before[:, 10 * 64 :]), "v or the padding was written"
