@@ -70,18 +70,20 @@ def test_apply_rope_with_cos_sin_cache_inplace(device, layout, is_neox):
 
 @pytest.mark.parametrize("inverse", [False, True])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_apply_rope_inplace_with_cache_equals_rotary_embedding(device, layout, inverse):
+def test_apply_rope_inplace_with_cache_is_rotary_embedding(device, layout, inverse):
+    """The issue-530 name is the same function (one way to do it), with every argument."""
+    assert rope_compat.apply_rope_inplace_with_cache is rope_compat.rotary_embedding
     case = make_case(
         tokens=(9,), rot_dim=32, rope_dim_offset=16, is_neox=False, dtype=torch.float16,
         layout=layout, inverse=inverse, cache_rows=64, device=device,
     )
-    q2, k2 = case.query.clone(), case.key.clone()
-    rope_compat.rotary_embedding(*case.args())
+    expected_q, expected_k = rope_reference(*case.args())
     rope_compat.apply_rope_inplace_with_cache(
-        case.positions, q2, k2, case.head_size, case.cos_sin_cache, case.is_neox,
+        case.positions, case.query, case.key, case.head_size, case.cos_sin_cache, case.is_neox,
         case.rope_dim_offset, case.inverse,
     )
-    assert torch.equal(case.query, q2) and torch.equal(case.key, k2)
+    assert_matches_reference(case.query, expected_q)
+    assert_matches_reference(case.key, expected_k)
 
 
 # ---------------------------------------------------------------- positions_from_offsets
@@ -145,11 +147,17 @@ def test_positions_from_offsets_feeds_rotary_embedding(device):
         ([], [], ValueError),  # no elements
         ([0, 1, 2], [0], ValueError),  # one offset for two requests
         ([0.0, 1.0], [0], TypeError),  # float indptr
+        ([0, 2, 4], [4.7, 1.2], TypeError),  # float offsets (not truncated to 4 and 1)
     ],
 )
 def test_positions_from_offsets_rejects_bad_input(indptr, offsets, exc):
     with pytest.raises(exc, match="indptr|offsets"):
         rope_compat.positions_from_offsets(torch.tensor(indptr), torch.tensor(offsets))
+
+
+def test_positions_from_offsets_rejects_offsets_on_another_device():
+    with pytest.raises(ValueError, match="offsets: on meta, but indptr is on cpu"):
+        rope_compat.positions_from_offsets(torch.tensor([0, 2, 4]), torch.tensor([4, 1], device="meta"))
 
 
 # ---------------------------------------------------------------- batched_rotary_embedding
@@ -175,6 +183,34 @@ def test_batched_rotary_embedding(device, layout, is_neox, pos_shape):
     )
     assert_matches_reference(case.query, expected_q)
     assert_matches_reference(case.key, expected_k)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_key", [True, False], ids=["key", "no_key"])
+@pytest.mark.parametrize("off_dtype", [torch.int64, torch.int32], ids=["off64", "off32"])
+@pytest.mark.parametrize("pos_dtype", [torch.int64, torch.int32], ids=["pos64", "pos32"])
+def test_batched_index_dtypes_key_none_and_pass_through(device, pos_dtype, off_dtype, with_key, cache_dtype):
+    """Every positions/offsets dtype pair reads row offsets[t] + positions[t]; with rot_dim 32
+    of head_size 64, dims 32-63 of every head and v come back bit-identical."""
+    loras, rows_per_lora, rot = 4, 25, 32
+    case = make_case(tokens=(3, 5), rot_dim=rot, pos_dtype=pos_dtype, layout="fused_heads",
+                     with_key=with_key, cache_rows=rows_per_lora, device=device)
+    cache = random_cache(loras * rows_per_lora, rot, cache_dtype, device)
+    offsets = (torch.randint(1, loras, (3, 5)) * rows_per_lora).to(device=device, dtype=off_dtype)
+    expected_q, expected_k = rope_reference(
+        case.positions, case.query, case.key, case.head_size, cache, True, cache_offsets=offsets
+    )
+    qkv = case.query._base  # [3, 5, q | k | v | padding]
+    q_width, k_width = 4 * 64, 2 * 64  # make_case's default heads
+    before = qkv.clone()
+    rope_compat.batched_rotary_embedding(case.positions, case.query, case.key, case.head_size, cache,
+                                         True, rot, offsets)
+    assert_matches_reference(case.query, expected_q, "query")
+    if with_key:
+        assert_matches_reference(case.key, expected_k, "key")
+    rotated = torch.zeros_like(qkv, dtype=torch.bool)
+    rotated[..., : q_width + (k_width if with_key else 0)].unflatten(-1, (-1, 64))[..., :rot] = True
+    assert torch.equal(qkv[~rotated], before[~rotated]), "elements outside the rotated dims changed"
 
 
 def test_batched_rotary_embedding_rejects_rot_dim_mismatch(device):

@@ -61,9 +61,8 @@ def test_fused_set_kv_buffer_matches_reference(device, dtype, layout, is_neox, r
     assert_matches_reference(case.query, want_q)
     assert_matches_reference(case.key, want_k)
     assert_matches_reference(arg.k_buffer, _expected_buffer(k_buffer_before, arg.cache_loc, want_k))
-    torch.testing.assert_close(  # the value is copied, bit for bit
-        arg.v_buffer.cpu(), _expected_buffer(v_buffer_before, arg.cache_loc, arg.value).to(dtype)
-    )
+    # The value is copied bit for bit (float64 holds every f32/f16/bf16 value exactly).
+    assert torch.equal(arg.v_buffer.cpu(), _expected_buffer(v_buffer_before, arg.cache_loc, arg.value).to(dtype))
 
 
 def test_accepts_sgl_kernel_style_objects_without_scales(device):
@@ -97,6 +96,16 @@ def _bad(arg: FusedSetKVBufferArg, what: str) -> FusedSetKVBufferArg:
         arg.v_buffer = arg.v_buffer[:, : HEAD]
     elif what == "buffer_width":
         arg.k_buffer = arg.k_buffer[:, : HEAD + 8]
+    elif what == "value_rows":
+        arg.value = arg.value[:-1]
+    elif what == "value_dtype":
+        arg.value = arg.value.double()
+    elif what == "value_1d":
+        arg.value = arg.value.reshape(-1)
+    elif what == "value_device":
+        arg.value = arg.value.to("meta")
+    elif what == "cache_loc_device":
+        arg.cache_loc = arg.cache_loc.to("meta")
     return arg
 
 
@@ -110,6 +119,11 @@ def _bad(arg: FusedSetKVBufferArg, what: str) -> FusedSetKVBufferArg:
         ("buffer_dtype", TypeError, "k_buffer"),
         ("buffer_heads", ValueError, "v_buffer"),
         ("buffer_width", ValueError, "k_buffer"),
+        ("value_rows", ValueError, "value: 10 rows, expected one per token"),
+        ("value_dtype", TypeError, "value: dtype torch.float64"),
+        ("value_1d", ValueError, "value: expected"),
+        ("value_device", ValueError, "value: on meta"),
+        ("cache_loc_device", ValueError, "cache_loc: on meta"),
     ],
 )
 def test_bad_buffer_arguments_raise_before_anything_is_written(what, exc, match):

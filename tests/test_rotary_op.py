@@ -184,10 +184,29 @@ def test_positions_at_cache_edges(device):
     run_and_check(case)
 
 
-def test_many_tokens_in_blocks(device):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_float32_cache_means_one_rounding(device, dtype, is_neox):
+    """bf16/f16 q and k with a float32 cache are rotated in float32 and rounded once, so almost
+    every element equals the float64 result rounded to their dtype (measured: under 0.02% differ).
+    The dtype tolerance alone cannot see a cache rounded to q's dtype first: then about 28%
+    differ, while the error stays near the tolerance."""
+    case = make_case(tokens=(257,), heads=8, kv_heads=2, head_size=128, dtype=dtype, is_neox=is_neox,
+                     device=device)
+    want_q, want_k = rope_reference(*case.args())
+    rope_compat.rotary_embedding(*case.args())
+    for name, got, want in (("query", case.query, want_q), ("key", case.key, want_k)):
+        differ = (got.cpu() != want.to(dtype).cpu()).float().mean().item()
+        assert differ < 0.01, f"{name}: {differ:.2%} of elements differ from the once-rounded result"
+
+
+# The Torch implementation works through tokens in blocks, three ways: a [T] run cut into
+# blocks, whole sequences of a [B, S] batch per block, and one long sequence cut into blocks.
+@pytest.mark.parametrize("tokens", [(2100,), (300, 2), (3, 700)], ids=["T", "many_short_seqs", "long_seqs"])
+def test_many_tokens_in_blocks(device, tokens):
     """Enough tokens that the Torch implementation works through several blocks."""
     case = make_case(
-        tokens=(3, 700), heads=16, kv_heads=4, head_size=128, dtype=torch.bfloat16,
+        tokens=tokens, heads=16, kv_heads=4, head_size=128, dtype=torch.bfloat16,
         layout="fused_flat", cache_rows=2048, device=device,
     )
     run_and_check(case)
