@@ -198,6 +198,11 @@ def test_bench_rejects_bad_lists_before_running(argv, option, capsys, monkeypatc
     assert f"argument {option}" in capsys.readouterr().err
 
 
+def test_run_rejects_unknown_peer_names():
+    with pytest.raises(ValueError, match=r"unknown peers \['nope'\]; known: roofline, "):
+        run(peers=["torch eager", "nope"], device="cpu")
+
+
 def test_bench_plot_without_matplotlib_fails_before_running(tmp_path, capsys, monkeypatch):
     import importlib.util as iu
 
@@ -264,7 +269,7 @@ def test_bench_cli_table_and_csv(tmp_path):
 def test_bench_max_sets_reaches_the_runner(monkeypatch):
     # --max-sets 1 is the warm-L2 condition of the README's comparison; it must not be dropped.
     from rope_compat.bench import BenchRun
-    from rope_compat.cli import bench as bench_cmd, main
+    from rope_compat.cli import bench as bench_cmd
 
     seen = {}
     monkeypatch.setattr(bench_cmd, "run", lambda **kw: seen.update(kw) or BenchRun())
@@ -276,8 +281,6 @@ def test_bench_max_sets_reaches_the_runner(monkeypatch):
 
 @pytest.mark.parametrize("option", ["--max-sets", "--calls-per-graph", "--cache-rows"])
 def test_bench_rejects_counts_below_one(option, capsys):
-    from rope_compat.cli import main
-
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--device", "cpu", option, "0"])
     assert exc.value.code == 2

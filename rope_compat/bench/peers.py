@@ -127,6 +127,14 @@ BUILTIN = (
 SUBJECT = Peer("rope-compat", _rope_compat)
 
 
+def check_peer_names(names: List[str]) -> None:
+    """ValueError for a name that is neither a built-in peer nor a known external library."""
+    known = [p.name for p in BUILTIN] + [e.name for e in EXTERNALS]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown peers {unknown}; known: {', '.join(known)}")
+
+
 def peers(names: Optional[List[str]] = None) -> List[Peer]:
     """rope-compat first, then the built-in peers, then every installed external library.
 
@@ -137,8 +145,6 @@ def peers(names: Optional[List[str]] = None) -> List[Peer]:
         if ext.installed():
             found[ext.name] = Peer(ext.name, _external(ext))
     if names is not None:
-        unknown = [n for n in names if n not in found and n not in {e.name for e in EXTERNALS}]
-        if unknown:
-            raise ValueError(f"unknown peers {unknown}; known: {', '.join(found)}")
+        check_peer_names(names)
         found = {n: p for n, p in found.items() if n in names}
     return [SUBJECT, *found.values()]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional
+from typing import Callable, List, Optional, TypeVar
 
 from ..bench.shapes import MODEL_SHAPES, Shape, parse_shape, parse_tokens
+
+T = TypeVar("T")
 
 
 def _positive_int(text: str) -> int:
@@ -16,29 +18,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _token_list(text: str) -> List[int]:
-    try:
-        return parse_tokens(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _parsed_by(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type from a parser that raises ValueError: its message reaches the usage
+    error, which names the option (a plain ValueError would be reported as 'invalid value')."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return convert
 
 
-def _shape_list(text: str) -> List[Shape]:
-    try:
-        return [parse_shape(s) for s in text.split(",")]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _shapes(text: str) -> List[Shape]:
+    return [parse_shape(s) for s in text.split(",")]
 
 
-def _peer_list(text: str) -> List[str]:
-    from ..bench.external import EXTERNALS
-    from ..bench.peers import BUILTIN
+def _peers(text: str) -> List[str]:
+    from ..bench.peers import check_peer_names  # the peers module is for `bench` alone
 
     names = [p for p in text.split(",") if p]
-    known = [p.name for p in BUILTIN] + [e.name for e in EXTERNALS]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown peers {unknown}; known: {', '.join(known)}")
+    check_peer_names(names)
     return names
 
 
@@ -59,13 +60,13 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="time rope-compat beside roofline, Torch and other kernels")
     bench.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when present")
-    bench.add_argument("--shapes", metavar="LIST", type=_shape_list,
+    bench.add_argument("--shapes", metavar="LIST", type=_parsed_by(_shapes),
                        help=f"comma list of {', '.join(MODEL_SHAPES)} or 'Hq/HkxD[:rot][:neox|gptj]' "
                             "(default: all models)")
-    bench.add_argument("--tokens", metavar="LIST", type=_token_list,
+    bench.add_argument("--tokens", metavar="LIST", type=_parsed_by(parse_tokens),
                        help="comma list (1,16,1024) or power-of-two range (1-131072); "
                             "default 1,16,128,1024,8192,32768,131072 on CUDA, 1,16,256 on the CPU")
-    bench.add_argument("--peers", metavar="LIST", type=_peer_list,
+    bench.add_argument("--peers", metavar="LIST", type=_parsed_by(_peers),
                        help="comma list of roofline, torch eager, torch.compile, vllm, flashinfer, "
                             "sgl-kernel (default: all available; '' for rope-compat alone)")
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
