@@ -7,6 +7,7 @@ on every device, and q and k must come back unchanged. The tables here are the s
 README's list of rejected inputs.
 """
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -215,8 +216,6 @@ COMPILE_ROWS = ("positions float32", "query and key float64", "positions 3-D", "
 
 @pytest.mark.parametrize("row", [r for r in REJECTIONS if r.id in COMPILE_ROWS], ids=lambda r: r.id)
 def test_rejected_under_torch_compile(row: Rejection, device: str):
-    import re
-
     from torch._dynamo.exc import TorchRuntimeError
 
     case = row.mutate(_base(device), device)

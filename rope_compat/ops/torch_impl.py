@@ -71,7 +71,10 @@ def _gather_cos_sin(
     rows = positions.view(-1)
     if cache_offsets is not None:
         rows = rows.long() + cache_offsets.view(-1)  # in int64: an int32 sum could wrap
-    cs = _cache_rows_checked(rows, cos_sin_cache) if rows.is_cpu else _cache_rows_or_identity(rows, cos_sin_cache)
+    if rows.is_cpu:
+        cs = _cache_rows_checked(rows, cos_sin_cache)
+    else:
+        cs = _cache_rows_or_identity(rows, cos_sin_cache)
     cos, sin = cs.float().view(*positions.shape, 1, 2, -1).unbind(-2)
     neg_sin = -sin
     return (cos, neg_sin, sin) if inverse else (cos, sin, neg_sin)
