@@ -1,6 +1,6 @@
 // The CUDA kernel behind rope_compat::rotary_embedding.
 //
-// Work unit: one token, one group of heads, V consecutive rotated pairs. A thread loads the
+// Work unit: one token, one group of heads, V rotated pairs. A thread loads the
 // token's position once, the V cos and V sin values once, and reuses them for every head of
 // its group (q heads first, then k heads), so the cache is read once per token and unit.
 // Only the rotated dims are touched: pass-through dims are never read or written.
@@ -91,6 +91,18 @@ __device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int6
   return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
 }
 
+// N cos and N sin values as floats: cache_row[0, N) and cache_row[half, half + N).
+template <typename CT, int N>
+__device__ __forceinline__ void load_cos_sin(const CT* cache_row, int32_t half, float (&c)[N], float (&sn)[N]) {
+  const Vec<CT, N> cv = *reinterpret_cast<const Vec<CT, N>*>(cache_row);
+  const Vec<CT, N> sv = *reinterpret_cast<const Vec<CT, N>*>(cache_row + half);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    c[i] = to_float(cv.v[i]);
+    sn[i] = to_float(sv.v[i]);
+  }
+}
+
 template <bool kNeox, typename T, int V>
 __device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V], const float (&sn)[V]) {
 #pragma unroll
@@ -125,10 +137,17 @@ __global__ void __launch_bounds__(kBlock)
   if (p.cache_offsets != nullptr) row += load_index(p.cache_offsets, p.offsets_int64, token);
 
   const int32_t half = p.rot_dim / 2;
-  // The two vectors of V elements this unit rotates, as element offsets within a head.
-  // NeoX pairs (i, i + half); GPT-J pairs (2i, 2i + 1) over the 2V elements [e1, e1 + 2V).
-  const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
-  const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
+  // The two vectors of V elements this unit rotates, as element offsets within a head: vector j
+  // of each half of the rotated dims (NeoX pairs (i, i + half); GPT-J pairs (2i, 2i + 1) within
+  // each vector), or for GPT-J in small calls the adjacent vectors 2j and 2j + 1.
+  //   Why GPT-J changes with the call size: with adjacent vectors a warp's store covers each
+  // 32-byte sector only half, so L2 takes every sector twice (ncu: 28% more write sectors), which
+  // costs bandwidth in large calls (16/16 x 256 rot 64 on an H200: 8192 tokens 22.6 -> 21.9 us,
+  // 131072 tokens 320 -> 314 us). Small calls are latency-bound, and there adjacent vectors win:
+  // each load instruction asks for whole 128-byte lines (1024 tokens: 4.1 against 4.5 us).
+  const bool halves = p.is_neox || (kHeadsPerBatch > 1 && V > 1);
+  const int32_t e1 = p.rope_dim_offset + (halves ? j * V : 2 * j * V);
+  const int32_t e2 = halves ? e1 + half : e1 + V;
 
   const int32_t b = static_cast<int32_t>(l.seq_len.div(token));
   const int32_t s = token - b * p.seq_len;
@@ -157,13 +176,24 @@ __global__ void __launch_bounds__(kBlock)
     if (!have_cos_sin) {
       // Rows outside the cache are never read: such a token is left untouched.
       if (row < 0 || row >= p.cache_rows) return;
-      const CT* cache_row = static_cast<const CT*>(p.cache) + row * p.cache_row_stride + j * V;
-      const Vec<CT, V> cv = *reinterpret_cast<const Vec<CT, V>*>(cache_row);
-      const Vec<CT, V> sv = *reinterpret_cast<const Vec<CT, V>*>(cache_row + half);
+      const CT* cache_row = static_cast<const CT*>(p.cache) + row * p.cache_row_stride;
+      if (p.is_neox || !halves) {
+        load_cos_sin<CT, V>(cache_row + j * V, half, c, sn);
+      } else if constexpr (V > 1) {
+        // GPT-J over both halves: the pairs of vector j of each half, V / 2 of them each.
+        constexpr int kHalfV = V / 2;
+        float c0[kHalfV], s0[kHalfV], c1[kHalfV], s1[kHalfV];
+        load_cos_sin<CT, kHalfV>(cache_row + j * kHalfV, half, c0, s0);
+        load_cos_sin<CT, kHalfV>(cache_row + half / 2 + j * kHalfV, half, c1, s1);
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        c[i] = to_float(cv.v[i]);
-        sn[i] = p.inverse ? -to_float(sv.v[i]) : to_float(sv.v[i]);
+        for (int i = 0; i < kHalfV; ++i) {
+          c[i] = c0[i], sn[i] = s0[i];
+          c[kHalfV + i] = c1[i], sn[kHalfV + i] = s1[i];
+        }
+      }
+      if (p.inverse) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) sn[i] = -sn[i];
       }
       have_cos_sin = true;
     }

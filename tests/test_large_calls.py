@@ -77,3 +77,40 @@ def test_large_call_inverse_int32_bf16_cache_out_of_range(shape):
                                 cache, neox, 0, True)
     assert_matches_reference(qkv[good], expected, "valid tokens vs the Torch implementation")
     assert not torch.equal(qkv[good], before[good])
+
+
+# GPT-J in large calls pairs vector j of each half of the rotated dims (the kernel's comment says
+# why), so each vector width, rope_dim_offset and key=None get a case there: (dtype, heads,
+# kv_heads, head_size, rot_dim, rope_dim_offset, with_key). Token counts are large enough for
+# several heads per thread.
+GPTJ_LARGE = {
+    "f32-v4": (torch.float32, 16, 16, 256, 64, 0, True),
+    "bf16-v2-offset": (torch.bfloat16, 8, 8, 64, 12, 4, True),
+    "f16-v8-offset-no-key": (torch.float16, 32, 4, 128, 32, 64, False),
+}
+
+
+@pytest.mark.parametrize("case", GPTJ_LARGE)
+def test_large_call_gptj_widths(case):
+    dtype, hq, hk, d, rot, offset, with_key = GPTJ_LARGE[case]
+    tokens = 16384
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=dtype, device="cuda")
+    q = qkv[:, : hq * d]
+    k = qkv[:, hq * d : (hq + hk) * d] if with_key else None
+    cache = random_cache(131072, rot, torch.float32, "cuda")
+    positions = torch.randint(0, cache.shape[0], (tokens,), device="cuda")
+    before = qkv.clone()
+
+    rope_compat.rotary_embedding(positions, q, k, d, cache, False, offset)
+
+    expected = before.clone()
+    ek = expected[:, hq * d : (hq + hk) * d] if with_key else None
+    torch_impl.rotary_embedding(positions, expected[:, : hq * d], ek, d, cache, False, offset)
+    assert_matches_reference(qkv, expected, "whole fused tensor vs the Torch implementation")
+    assert not torch.equal(qkv, before)
+    idx = torch.randint(0, tokens, (64,), device="cuda")
+    rk = before[idx, hq * d : (hq + hk) * d] if with_key else None
+    rq, rk = rope_reference(positions[idx], before[idx, : hq * d], rk, d, cache, False, offset)
+    assert_matches_reference(q[idx], rq, "query")
+    if with_key:
+        assert_matches_reference(k[idx], rk, "key")
