@@ -7,13 +7,17 @@
 //            exactly the rotated bytes of the same q/k views: what that access pattern allows
 //            a plain streaming kernel, before reading positions or cache rows (a kernel that
 //            keeps more loads in flight can beat it a little);
-//   contig:  the same kernel over a contiguous buffer of as many bytes.
+//   contig:  the same kernel over a contiguous buffer of as many bytes;
+//   bulk:    (mode 2) the same rotated bytes moved by the bulk tensor copy engine instead of
+//            threads: boxes of (rotated dims, q+k heads, 2 or 4 tokens) into shared memory and
+//            back, six stages deep, 2 or 4 blocks per SM; the best of those four is printed.
+//            It shows whether the pattern floor is a limit of the threads or of the memory.
 // At 1024 and 8192 tokens it also checks the kernel against a CPU float reference (and that
 // nothing outside the rotated dims changed).
 //
 // Build and run from the repository root on a CUDA machine (no torch needed):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/kernel_floors benchmarks/kernel_floors.cu
-//   /tmp/kernel_floors [tokens,...] [shape substring|all] [1 = also time the floors]
+//   /tmp/kernel_floors [tokens,...] [shape substring|all] [1 = also time the floors, 2 = and bulk]
 #include "../csrc/rotary_embedding_kernel.cu"
 
 #include <algorithm>
@@ -23,6 +27,9 @@
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 using namespace rope_compat;
 
@@ -68,6 +75,53 @@ __global__ void touch_pattern(char* base, int64_t tokens, int heads, int chunks,
   int4 v = __ldcs(q);
   v.x ^= flip;
   __stcs(q, v);
+}
+
+// The bulk pass: one thread per block walks tiles of `tb` tokens, `stages` boxes in flight. A box
+// is loaded into shared memory (completing on an mbarrier) and stored back from there; a stage
+// is refilled once the store that used it has read shared memory.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__global__ void __launch_bounds__(32) bulk_touch(const __grid_constant__ CUtensorMap map, int tiles, int tb,
+                                                 int stages, int box_bytes) {
+  extern __shared__ __align__(1024) unsigned char boxes[];
+  __shared__ __align__(8) uint64_t full[8];
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < stages; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  const uint64_t m = reinterpret_cast<uint64_t>(&map);
+  auto load = [&](int tile, int s) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&full[s])), "r"(box_bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
+            smem_u32(boxes + s * box_bytes)),
+        "l"(m), "r"(0), "r"(0), "r"(tile * tb), "r"(smem_u32(&full[s]))
+        : "memory");
+  };
+  for (int k = 0; k < stages; ++k)
+    if (blockIdx.x + k * gridDim.x < tiles) load(blockIdx.x + k * gridDim.x, k);
+  int it = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++it) {
+    const int s = it % stages;
+    uint32_t done = 0;
+    while (!done)
+      asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                   : "=r"(done)
+                   : "r"(smem_u32(&full[s])), "r"((it / stages) & 1)
+                   : "memory");
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(m), "r"(0),
+                 "r"(0), "r"(tile * tb), "r"(smem_u32(boxes + s * box_bytes))
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    if (it >= 1) {
+      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+      const int next = tile + (stages - 1) * gridDim.x;
+      if (next < tiles) load(next, (it - 1) % stages);
+    }
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
 __device__ __forceinline__ uint64_t mix(uint64_t x) {
@@ -138,7 +192,7 @@ int main(int argc, char** argv) {
     for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) token_list.push_back(atoi(t));
   }
   const char* only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : nullptr;
-  const bool floors = argc > 3 && atoi(argv[3]) != 0;
+  const int floors = argc > 3 ? atoi(argv[3]) : 0;
   std::vector<Shape> shapes = {{"32/8x128 neox", 32, 8, 128, 128, true},
                                {"64/8x128 neox", 64, 8, 128, 128, true},
                                {"32/32x128 r64 neox", 32, 32, 128, 64, true},
@@ -248,6 +302,46 @@ int main(int argc, char** argv) {
       });
       printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s | pattern %9.2f | contig %9.2f | k/pat %.3f k/contig %.3f\n",
              sh.name, T, k_us, move / k_us * 1e-6, pat_us, con_us, pat_us / k_us, con_us / k_us);
+      if (floors >= 2) {
+        static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+        if (encode == nullptr) {
+          cudaDriverEntryPointQueryResult found;
+          CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
+        }
+        int sms;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const int heads = sh.hq + sh.hk, stages = 6;
+        float best = 1e30f;
+        int best_tb = 0, best_bps = 0;
+        for (int tb : {2, 4}) {
+          const int box_bytes = sh.rot * 2 * heads * tb;
+          if (box_bytes * stages > 200 * 1024 || heads > 256 || sh.rot > 256) continue;
+          CK(cudaFuncSetAttribute(bulk_touch, cudaFuncAttributeMaxDynamicSharedMemorySize, box_bytes * stages));
+          std::vector<CUtensorMap> maps(n_sets);
+          for (int i = 0; i < n_sets; ++i) {
+            cuuint64_t dims[3] = {(cuuint64_t)sh.d, (cuuint64_t)(sh.hq + 2 * sh.hk), (cuuint64_t)T};
+            cuuint64_t strides[2] = {(cuuint64_t)sh.d * 2, (cuuint64_t)row_elems * 2};
+            cuuint32_t box[3] = {(cuuint32_t)sh.rot, (cuuint32_t)heads, (cuuint32_t)tb}, unit[3] = {1, 1, 1};
+            if (encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, qkv[i], dims, strides, box, unit,
+                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+              printf("tensor map encoding failed\n");
+              exit(1);
+            }
+          }
+          const int tiles = (T + tb - 1) / tb;
+          for (int bps : {2, 4}) {
+            float us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+              bulk_touch<<<std::min(tiles, sms * bps), 32, box_bytes * stages, s>>>(maps[i], tiles, tb, stages,
+                                                                                     box_bytes);
+            });
+            if (us < best) best = us, best_tb = tb, best_bps = bps;
+          }
+        }
+        if (best_tb > 0)
+          printf("%-20s %7d  bulk %9.2f us (%d tokens a box, %d blocks an SM) | k/bulk %.3f\n", sh.name, T, best,
+                 best_tb, best_bps, best / k_us);
+      }
       }
       fflush(stdout);
       for (int i = 0; i < n_sets; ++i) {
