@@ -80,24 +80,25 @@ def test_large_call_inverse_int32_bf16_cache_out_of_range(shape):
 
 
 # GPT-J in large calls pairs vector j of each half of the rotated dims (the kernel's comment says
-# why), so each vector width, rope_dim_offset and key=None get a case there: (dtype, heads,
-# kv_heads, head_size, rot_dim, rope_dim_offset, with_key). Token counts are large enough for
-# several heads per thread.
+# why), so each vector width, each cache dtype, rope_dim_offset and key=None get a case there:
+# (dtype, cache dtype, heads, kv_heads, head_size, rot_dim, rope_dim_offset, with_key). Token
+# counts are large enough for several heads per thread.
 GPTJ_LARGE = {
-    "f32-v4": (torch.float32, 16, 16, 256, 64, 0, True),
-    "bf16-v2-offset": (torch.bfloat16, 8, 8, 64, 12, 4, True),
-    "f16-v8-offset-no-key": (torch.float16, 32, 4, 128, 32, 64, False),
+    "f32-v4-f64-cache": (torch.float32, torch.float64, 16, 16, 256, 64, 0, True),
+    "bf16-v2-offset-f16-cache": (torch.bfloat16, torch.float16, 8, 8, 64, 12, 4, True),
+    "f16-v8-offset-no-key": (torch.float16, torch.float32, 32, 4, 128, 32, 64, False),
+    "bf16-v8-bf16-cache": (torch.bfloat16, torch.bfloat16, 16, 16, 256, 64, 0, True),
 }
 
 
 @pytest.mark.parametrize("case", GPTJ_LARGE)
 def test_large_call_gptj_widths(case):
-    dtype, hq, hk, d, rot, offset, with_key = GPTJ_LARGE[case]
+    dtype, cache_dtype, hq, hk, d, rot, offset, with_key = GPTJ_LARGE[case]
     tokens = 16384
     qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=dtype, device="cuda")
     q = qkv[:, : hq * d]
     k = qkv[:, hq * d : (hq + hk) * d] if with_key else None
-    cache = random_cache(131072, rot, torch.float32, "cuda")
+    cache = random_cache(131072, rot, cache_dtype, "cuda")
     positions = torch.randint(0, cache.shape[0], (tokens,), device="cuda")
     before = qkv.clone()
 
