@@ -25,6 +25,27 @@ SHAPES = {  # heads, kv_heads, head_size, rot_dim, is_neox
 }
 
 
+
+def check_fused_call(positions, qkv, before, hq, hk, d, cache, neox, offset=0, with_key=True):
+    """After the op rotated the q (and k) slices of the fused `qkv` (a copy of `before`): the
+    whole tensor against the Torch implementation on another copy (same float32 math, so at
+    most one rounding apart), and 64 sampled tokens against the float64 reference."""
+
+    def q_of(t):
+        return t[:, : hq * d]
+
+    def k_of(t):
+        return t[:, hq * d : (hq + hk) * d] if with_key else None
+
+    expected = before.clone()
+    torch_impl.rotary_embedding(positions, q_of(expected), k_of(expected), d, cache, neox, offset)
+    assert_matches_reference(qkv, expected, "whole fused tensor vs the Torch implementation")
+    idx = torch.randint(0, qkv.shape[0], (64,), device=qkv.device)
+    rq, rk = rope_reference(positions[idx], q_of(before[idx]), k_of(before[idx]), d, cache, neox, offset)
+    assert_matches_reference(q_of(qkv)[idx], rq, "query")
+    if with_key:
+        assert_matches_reference(k_of(qkv)[idx], rk, "key")
+
 @pytest.mark.parametrize("tokens", [8192, 65536])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_large_call_matches_reference(shape, tokens):
@@ -37,20 +58,12 @@ def test_large_call_matches_reference(shape, tokens):
 
     rope_compat.rotary_embedding(positions, q, k, d, cache, neox)
 
-    # The Torch implementation on a copy: same float32 math, so at most one rounding apart.
-    expected = before.clone()
-    torch_impl.rotary_embedding(positions, expected[:, : hq * d], expected[:, hq * d : (hq + hk) * d], d, cache, neox)
-    assert_matches_reference(qkv, expected, "whole fused tensor vs the Torch implementation")
+    check_fused_call(positions, qkv, before, hq, hk, d, cache, neox)
     # Nothing outside the rotated dims of q and k changed (v part and pass-through dims).
     heads = qkv[:, : (hq + hk) * d].unflatten(-1, (hq + hk, d))
     heads_before = before[:, : (hq + hk) * d].unflatten(-1, (hq + hk, d))
     assert torch.equal(heads[..., rot:], heads_before[..., rot:])
     assert torch.equal(qkv[:, (hq + hk) * d :], before[:, (hq + hk) * d :])
-    # Sampled tokens against the float64 reference.
-    idx = torch.randint(0, tokens, (64,), device="cuda")
-    rq, rk = rope_reference(positions[idx], before[idx, : hq * d], before[idx, hq * d : (hq + hk) * d], d, cache, neox)
-    assert_matches_reference(q[idx], rq, "query")
-    assert_matches_reference(k[idx], rk, "key")
 
 
 @pytest.mark.parametrize("shape", ["llama3-8b", "gptj"])
@@ -104,14 +117,5 @@ def test_large_call_gptj_widths(case):
 
     rope_compat.rotary_embedding(positions, q, k, d, cache, False, offset)
 
-    expected = before.clone()
-    ek = expected[:, hq * d : (hq + hk) * d] if with_key else None
-    torch_impl.rotary_embedding(positions, expected[:, : hq * d], ek, d, cache, False, offset)
-    assert_matches_reference(qkv, expected, "whole fused tensor vs the Torch implementation")
+    check_fused_call(positions, qkv, before, hq, hk, d, cache, False, offset, with_key)
     assert not torch.equal(qkv, before)
-    idx = torch.randint(0, tokens, (64,), device="cuda")
-    rk = before[idx, hq * d : (hq + hk) * d] if with_key else None
-    rq, rk = rope_reference(positions[idx], before[idx, : hq * d], rk, d, cache, False, offset)
-    assert_matches_reference(q[idx], rq, "query")
-    if with_key:
-        assert_matches_reference(k[idx], rk, "key")
