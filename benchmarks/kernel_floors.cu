@@ -18,6 +18,8 @@
 // Build and run from the repository root on a CUDA machine (no torch needed):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/kernel_floors benchmarks/kernel_floors.cu
 //   /tmp/kernel_floors [tokens,...] [shape substring|all] [1 = also time the floors, 2 = and bulk]
+//                      [input sets: 0 = enough to spill L2 (default), 1 = every call on the same inputs]
+// ROPE_COMPAT_PDL=0 in the environment times the kernel without programmatic dependent launch.
 #include "../csrc/rotary_embedding_kernel.cu"
 
 #include <algorithm>
@@ -193,6 +195,7 @@ int main(int argc, char** argv) {
   }
   const char* only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : nullptr;
   const int floors = argc > 3 ? atoi(argv[3]) : 0;
+  const int sets_arg = argc > 4 ? atoi(argv[4]) : 0;
   std::vector<Shape> shapes = {{"32/8x128 neox", 32, 8, 128, 128, true},
                                {"64/8x128 neox", 64, 8, 128, 128, true},
                                {"32/32x128 r64 neox", 32, 32, 128, 64, true},
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
       const int64_t qk_bytes = 2LL * T * (sh.hq + sh.hk) * sh.rot * 2;
       const int64_t move = qk_bytes + T * 8LL + (int64_t)T * sh.rot * 4;
       int n_sets = (int)std::max<int64_t>(1, std::min<int64_t>(200, (120LL << 20) / move + 1));
+      if (sets_arg > 0) n_sets = sets_arg;
       std::vector<__nv_bfloat16*> qkv(n_sets);
       std::vector<int64_t*> pos(n_sets);
       std::vector<int4*> contig(n_sets);
