@@ -25,11 +25,11 @@ SHAPES = {  # heads, kv_heads, head_size, rot_dim, is_neox
 }
 
 
-
 def check_fused_call(positions, qkv, before, hq, hk, d, cache, neox, offset=0, with_key=True):
     """After the op rotated the q (and k) slices of the fused `qkv` (a copy of `before`): the
     whole tensor against the Torch implementation on another copy (same float32 math, so at
-    most one rounding apart), and 64 sampled tokens against the float64 reference."""
+    most one rounding apart), 64 sampled tokens against the float64 reference, and everything
+    outside the rotated dims of the rotated heads bit-identical to `before`."""
 
     def q_of(t):
         return t[:, : hq * d]
@@ -45,6 +45,14 @@ def check_fused_call(positions, qkv, before, hq, hk, d, cache, neox, offset=0, w
     assert_matches_reference(q_of(qkv)[idx], rq, "query")
     if with_key:
         assert_matches_reference(k_of(qkv)[idx], rk, "key")
+    # Pass-through dims of the rotated heads, and the heads not rotated (v; k without a key).
+    n = (hq + hk) * d if with_key else hq * d
+    heads, heads_before = (t[:, :n].unflatten(-1, (-1, d)) for t in (qkv, before))
+    end = offset + cache.shape[1]
+    assert torch.equal(heads[..., :offset], heads_before[..., :offset])
+    assert torch.equal(heads[..., end:], heads_before[..., end:])
+    assert torch.equal(qkv[:, n:], before[:, n:])
+
 
 @pytest.mark.parametrize("tokens", [8192, 65536])
 @pytest.mark.parametrize("shape", SHAPES)
@@ -59,11 +67,6 @@ def test_large_call_matches_reference(shape, tokens):
     rope_compat.rotary_embedding(positions, q, k, d, cache, neox)
 
     check_fused_call(positions, qkv, before, hq, hk, d, cache, neox)
-    # Nothing outside the rotated dims of q and k changed (v part and pass-through dims).
-    heads = qkv[:, : (hq + hk) * d].unflatten(-1, (hq + hk, d))
-    heads_before = before[:, : (hq + hk) * d].unflatten(-1, (hq + hk, d))
-    assert torch.equal(heads[..., rot:], heads_before[..., rot:])
-    assert torch.equal(qkv[:, (hq + hk) * d :], before[:, (hq + hk) * d :])
 
 
 @pytest.mark.parametrize("shape", ["llama3-8b", "gptj"])
