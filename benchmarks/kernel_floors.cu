@@ -295,57 +295,56 @@ int main(int argc, char** argv) {
       if (!floors) {
         printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s\n", sh.name, T, k_us, move / k_us * 1e-6);
       } else {
-      const int chunks = sh.rot * 2 / 16;
-      const int64_t pat_threads = (int64_t)T * (sh.hq + sh.hk) * chunks;
-      float pat_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
-        touch_pattern<<<(unsigned)((pat_threads + 255) / 256), 256, 0, s>>>(
-            (char*)qkv[i], T, sh.hq + sh.hk, chunks, row_elems * 2, sh.d * 2, 0);
-      });
-      float con_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
-        touch_contig<<<(unsigned)((contig16 + 1023) / 1024), 256, 0, s>>>(contig[i], contig16, 0);
-      });
-      printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s | pattern %9.2f | contig %9.2f | k/pat %.3f k/contig %.3f\n",
-             sh.name, T, k_us, move / k_us * 1e-6, pat_us, con_us, pat_us / k_us, con_us / k_us);
-      if (floors >= 2) {
-        static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-        if (encode == nullptr) {
-          cudaDriverEntryPointQueryResult found;
-          CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found));
-        }
-        int sms;
-        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-        const int heads = sh.hq + sh.hk, stages = 6;
-        float best = 1e30f;
-        int best_tb = 0, best_bps = 0;
-        for (int tb : {2, 4}) {
-          const int box_bytes = sh.rot * 2 * heads * tb;
-          if (box_bytes * stages > 200 * 1024 || heads > 256 || sh.rot > 256) continue;
-          CK(cudaFuncSetAttribute(bulk_touch, cudaFuncAttributeMaxDynamicSharedMemorySize, box_bytes * stages));
-          std::vector<CUtensorMap> maps(n_sets);
-          for (int i = 0; i < n_sets; ++i) {
-            cuuint64_t dims[3] = {(cuuint64_t)sh.d, (cuuint64_t)(sh.hq + 2 * sh.hk), (cuuint64_t)T};
-            cuuint64_t strides[2] = {(cuuint64_t)sh.d * 2, (cuuint64_t)row_elems * 2};
-            cuuint32_t box[3] = {(cuuint32_t)sh.rot, (cuuint32_t)heads, (cuuint32_t)tb}, unit[3] = {1, 1, 1};
-            if (encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, qkv[i], dims, strides, box, unit,
-                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-              printf("tensor map encoding failed\n");
-              exit(1);
+        const int chunks = sh.rot * 2 / 16;
+        const int64_t pat_threads = (int64_t)T * (sh.hq + sh.hk) * chunks;
+        float pat_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+          touch_pattern<<<(unsigned)((pat_threads + 255) / 256), 256, 0, s>>>(
+              (char*)qkv[i], T, sh.hq + sh.hk, chunks, row_elems * 2, sh.d * 2, 0);
+        });
+        float con_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+          touch_contig<<<(unsigned)((contig16 + 1023) / 1024), 256, 0, s>>>(contig[i], contig16, 0);
+        });
+        printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s | pattern %9.2f | contig %9.2f | k/pat %.3f k/contig %.3f\n",
+               sh.name, T, k_us, move / k_us * 1e-6, pat_us, con_us, pat_us / k_us, con_us / k_us);
+        if (floors >= 2) {
+          static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+          if (encode == nullptr) {
+            cudaDriverEntryPointQueryResult found;
+            CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                cudaEnableDefault, &found));
+          }
+          const int heads = sh.hq + sh.hk, stages = 6;
+          float best = 1e30f;
+          int best_tb = 0, best_bps = 0;
+          for (int tb : {2, 4}) {
+            const int box_bytes = sh.rot * 2 * heads * tb;
+            if (box_bytes * stages > 200 * 1024 || heads > 256 || sh.rot > 256) continue;
+            CK(cudaFuncSetAttribute(bulk_touch, cudaFuncAttributeMaxDynamicSharedMemorySize, box_bytes * stages));
+            std::vector<CUtensorMap> maps(n_sets);
+            for (int i = 0; i < n_sets; ++i) {
+              cuuint64_t dims[3] = {(cuuint64_t)sh.d, (cuuint64_t)(sh.hq + 2 * sh.hk), (cuuint64_t)T};
+              cuuint64_t strides[2] = {(cuuint64_t)sh.d * 2, (cuuint64_t)row_elems * 2};
+              cuuint32_t box[3] = {(cuuint32_t)sh.rot, (cuuint32_t)heads, (cuuint32_t)tb}, unit[3] = {1, 1, 1};
+              if (encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, qkv[i], dims, strides, box, unit,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+                printf("tensor map encoding failed\n");
+                exit(1);
+              }
+            }
+            const int tiles = (T + tb - 1) / tb;
+            for (int bps : {2, 4}) {
+              const int grid = std::min(tiles, num_sms(0) * bps);
+              float us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+                bulk_touch<<<grid, 32, box_bytes * stages, s>>>(maps[i], tiles, tb, stages, box_bytes);
+              });
+              if (us < best) best = us, best_tb = tb, best_bps = bps;
             }
           }
-          const int tiles = (T + tb - 1) / tb;
-          for (int bps : {2, 4}) {
-            float us = time_graph(n_sets, [&](int i, cudaStream_t s) {
-              bulk_touch<<<std::min(tiles, sms * bps), 32, box_bytes * stages, s>>>(maps[i], tiles, tb, stages,
-                                                                                     box_bytes);
-            });
-            if (us < best) best = us, best_tb = tb, best_bps = bps;
-          }
+          if (best_tb > 0)
+            printf("%-20s %7d  bulk %9.2f us (%d tokens a box, %d blocks an SM) | k/bulk %.3f\n", sh.name, T, best,
+                   best_tb, best_bps, best / k_us);
         }
-        if (best_tb > 0)
-          printf("%-20s %7d  bulk %9.2f us (%d tokens a box, %d blocks an SM) | k/bulk %.3f\n", sh.name, T, best,
-                 best_tb, best_bps, best / k_us);
-      }
       }
       fflush(stdout);
       for (int i = 0; i < n_sets; ++i) {
