@@ -15,10 +15,19 @@
 // At 1024 and 8192 tokens it also checks the kernel against a CPU float reference (and that
 // nothing outside the rotated dims changed).
 //
+// Input sets -1 (engine sequence, kernel only): before every call of the kernel, a read of twice
+// the L2 with plain loads (as an engine's GEMMs stream their weights between two RoPE calls, so
+// positions and cache rows are cold) and a kernel that rewrites the whole qkv tensor (as the qkv
+// projection does just before RoPE, so q/k are in L2). The kernel's figure is its cost in that
+// sequence: graph time with the kernel minus graph time without it (the mean of one run before
+// and one after). Back-to-back calls of the kernel alone overlap one call's memory latency with
+// the next call's start; in this sequence the kernel follows a different kernel, as in a model.
+//
 // Build and run from the repository root on a CUDA machine (no torch needed):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/kernel_floors benchmarks/kernel_floors.cu
 //   /tmp/kernel_floors [tokens,...] [shape substring|all] [1 = also time the floors, 2 = and bulk]
-//                      [input sets: 0 = enough to spill L2 (default), 1 = every call on the same inputs]
+//                      [input sets: 0 = enough to spill L2 (default), 1 = every call on the same inputs,
+//                       -1 = engine sequence]
 // ROPE_COMPAT_PDL=0 in the environment times the kernel without programmatic dependent launch.
 #include "../csrc/rotary_embedding_kernel.cu"
 
@@ -126,6 +135,16 @@ __global__ void __launch_bounds__(32) bulk_touch(const __grid_constant__ CUtenso
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
+// Plain (L2-allocating) loads over a buffer, to push everything else out of L2.
+__global__ void evict_read(const int4* p, int64_t n16, int* sink) {
+  int acc = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16; i += (int64_t)gridDim.x * blockDim.x) {
+    const int4 v = p[i];
+    acc ^= v.x ^ v.w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;  // a use of the loads that never stores in practice
+}
+
 __device__ __forceinline__ uint64_t mix(uint64_t x) {
   x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
   return x;
@@ -201,6 +220,16 @@ int main(int argc, char** argv) {
                                {"32/32x128 r64 neox", 32, 32, 128, 64, true},
                                {"16/16x256 r64 gptj", 16, 16, 256, 64, false}};
   const int rows = 131072;
+  const bool engine = sets_arg < 0;
+  int4* evict = nullptr;
+  int64_t evict16 = 0;
+  if (engine) {
+    int l2 = 0;
+    CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    evict16 = 2LL * l2 / 16;
+    CK(cudaMalloc(&evict, evict16 * 16));
+    CK(cudaMemset(evict, 0, evict16 * 16));
+  }
   std::mt19937_64 rng(1);
   for (const Shape& sh : shapes) {
     if (only && !strstr(sh.name, only)) continue;
@@ -214,25 +243,30 @@ int main(int argc, char** argv) {
       const int64_t move = qk_bytes + T * 8LL + (int64_t)T * sh.rot * 4;
       int n_sets = (int)std::max<int64_t>(1, std::min<int64_t>(200, (120LL << 20) / move + 1));
       if (sets_arg > 0) n_sets = sets_arg;
-      std::vector<__nv_bfloat16*> qkv(n_sets);
+      if (engine) n_sets = 200;
+      // The engine sequence rotates positions only: its q/k are the one tensor the producer rewrites.
+      const int n_qkv = engine ? 1 : n_sets;
+      std::vector<__nv_bfloat16*> qkv(n_qkv);
       std::vector<int64_t*> pos(n_sets);
-      std::vector<int4*> contig(n_sets);
+      std::vector<int4*> contig(n_qkv);
       const int64_t qkv_elems = row_elems * (int64_t)T;
       const int64_t contig16 = (qk_bytes / 2 + 15) / 16;
       for (int i = 0; i < n_sets; ++i) {
-        CK(cudaMalloc(&qkv[i], qkv_elems * 2));
-        fill_bf16<<<2048, 256>>>(qkv[i], qkv_elems, rng());
+        if (i < n_qkv) {
+          CK(cudaMalloc(&qkv[i], qkv_elems * 2));
+          fill_bf16<<<2048, 256>>>(qkv[i], qkv_elems, rng());
+          CK(cudaMalloc(&contig[i], contig16 * 16));
+          CK(cudaMemset(contig[i], 1, contig16 * 16));
+        }
         CK(cudaMalloc(&pos[i], T * 8));
         fill_pos<<<64, 256>>>(pos[i], T, rows, rng());
-        CK(cudaMalloc(&contig[i], contig16 * 16));
-        CK(cudaMemset(contig[i], 1, contig16 * 16));
       }
       auto params = [&](int i) {
         RotaryParams p{};
         p.positions = pos[i];
         p.cache_offsets = nullptr;
-        p.query = qkv[i];
-        p.key = qkv[i] + (int64_t)sh.hq * sh.d;
+        p.query = qkv[i % n_qkv];
+        p.key = qkv[i % n_qkv] + (int64_t)sh.hq * sh.d;
         p.cache = cache;
         p.q_token_stride = p.k_token_stride = row_elems;
         p.q_head_stride = p.k_head_stride = sh.d;
@@ -286,11 +320,31 @@ int main(int argc, char** argv) {
                (long long)changed_wrong, worst < 0.05 && changed_wrong == 0 ? "OK" : "FAIL");
         CK(cudaMemcpy(qkv[0], before.data(), qkv_elems * 2, cudaMemcpyHostToDevice));
       }
-      float k_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+      auto call = [&](int i, cudaStream_t s) {
         RotaryParams p = params(i);
         int err = launch_rotary_embedding(p, s, 0);
         if (err) { printf("launch error %d\n", err); exit(1); }
-      });
+      };
+      if (engine) {
+        const unsigned fill_blocks = (unsigned)std::min<int64_t>(2048, (qkv_elems + 255) / 256);
+        auto before = [&](int i, cudaStream_t s) {
+          evict_read<<<num_sms(0) * 8, 256, 0, s>>>(evict, evict16, reinterpret_cast<int*>(evict));
+          fill_bf16<<<fill_blocks, 256, 0, s>>>(qkv[0], qkv_elems, 1000 + i);
+        };
+        const float alone1 = time_graph(n_sets, before);
+        const float with = time_graph(n_sets, [&](int i, cudaStream_t s) { before(i, s); call(i, s); });
+        const float alone2 = time_graph(n_sets, before);
+        CK(cudaDeviceSynchronize());
+        printf("%-20s %7d  kernel %9.2f us in the engine sequence (%.2f with it, %.2f and %.2f without)\n",
+               sh.name, T, with - (alone1 + alone2) / 2, with, alone1, alone2);
+        fflush(stdout);
+        for (int i = 0; i < n_sets; ++i) {
+          if (i < n_qkv) cudaFree(qkv[i]), cudaFree(contig[i]);
+          cudaFree(pos[i]);
+        }
+        continue;
+      }
+      float k_us = time_graph(n_sets, call);
       CK(cudaDeviceSynchronize());
       if (!floors) {
         printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s\n", sh.name, T, k_us, move / k_us * 1e-6);
@@ -355,5 +409,6 @@ int main(int argc, char** argv) {
     }
     cudaFree(cache);
   }
+  if (evict) cudaFree(evict);
   return 0;
 }
