@@ -261,6 +261,11 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&pos[i], T * 8));
         fill_pos<<<64, 256>>>(pos[i], T, rows, rng());
       }
+      auto free_sets = [&] {
+        for (auto* p : qkv) cudaFree(p);
+        for (auto* p : pos) cudaFree(p);
+        for (auto* p : contig) cudaFree(p);
+      };
       auto params = [&](int i) {
         RotaryParams p{};
         p.positions = pos[i];
@@ -338,10 +343,7 @@ int main(int argc, char** argv) {
         printf("%-20s %7d  kernel %9.2f us in the engine sequence (%.2f with it, %.2f and %.2f without)\n",
                sh.name, T, with - (alone1 + alone2) / 2, with, alone1, alone2);
         fflush(stdout);
-        for (int i = 0; i < n_sets; ++i) {
-          if (i < n_qkv) cudaFree(qkv[i]), cudaFree(contig[i]);
-          cudaFree(pos[i]);
-        }
+        free_sets();
         continue;
       }
       float k_us = time_graph(n_sets, call);
@@ -401,11 +403,7 @@ int main(int argc, char** argv) {
         }
       }
       fflush(stdout);
-      for (int i = 0; i < n_sets; ++i) {
-        cudaFree(qkv[i]);
-        cudaFree(pos[i]);
-        cudaFree(contig[i]);
-      }
+      free_sets();
     }
     cudaFree(cache);
   }
