@@ -15,12 +15,21 @@
 // At 1024 and 8192 tokens it also checks the kernel against a CPU float reference (and that
 // nothing outside the rotated dims changed).
 //
+// Decode floors (floors mode, up to 128 tokens): kernels launched the way the kernel is, with
+// programmatic dependent launch where it uses it and blocks shrunk to as few as 64 threads
+// to fill the SMs, that each do one part of its work: empty (the launch and the kernel
+// boundary alone), chain (read the token's position, then its cos and sin vectors: the
+// dependent loads, without q/k) and pattern (the pattern pass over the rotated q/k bytes,
+// without positions or cache). The kernel does all three, so with this launch it cannot take
+// less than the slowest of them; how far above that it lies is what overlap leaves on the table.
+//
 // Input sets -1 (engine sequence, kernel only): before every call of the kernel, a read of twice
 // the L2 with plain loads (as an engine's GEMMs stream their weights between two RoPE calls, so
 // positions and cache rows are cold) and a kernel that rewrites the whole qkv tensor (as the qkv
 // projection does just before RoPE, so q/k are in L2). The kernel's figure is its cost in that
 // sequence: graph time with the kernel minus graph time without it (the mean of one run before
-// and one after). Back-to-back calls of the kernel alone overlap one call's memory latency with
+// and one after). The empty kernel, launched the same way, is timed in the same place: the part
+// of a call's cost that is the kernel boundary alone. Back-to-back calls of the kernel alone overlap one call's memory latency with
 // the next call's start; in this sequence the kernel follows a different kernel, as in a model.
 //
 // Build and run from the repository root on a CUDA machine (no torch needed):
@@ -86,6 +95,60 @@ __global__ void touch_pattern(char* base, int64_t tokens, int heads, int chunks,
   int4 v = __ldcs(q);
   v.x ^= flip;
   __stcs(q, v);
+}
+
+__device__ __forceinline__ void dependent_launch_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__global__ void empty_dependent() { dependent_launch_start(); }
+
+// The dependent loads alone: position, then 16 bytes of cos and 16 of sin from its cache row.
+__global__ void chain_dependent(const int64_t* pos, const float* cache, int64_t tokens, int per_tok, int rot,
+                                float* sink) {
+  dependent_launch_start();
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= tokens * per_tok) return;
+  const int64_t t = i / per_tok;
+  const int c = (int)(i - t * per_tok) % (rot / 8);
+  const float* row = cache + pos[t] * rot + c * 4;
+  const float4 a = *reinterpret_cast<const float4*>(row), b = *reinterpret_cast<const float4*>(row + rot / 2);
+  const float v = a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
+  if (v == 12345.f) *sink = v;  // a use of the loads that never stores in practice
+}
+
+__global__ void pattern_dependent(char* base, int64_t tokens, int heads, int chunks, int64_t tok_stride,
+                                  int64_t head_stride) {
+  dependent_launch_start();
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  int64_t per_tok = (int64_t)heads * chunks;
+  if (i >= tokens * per_tok) return;
+  int64_t t = i / per_tok;
+  int r = (int)(i - t * per_tok);
+  int h = r / chunks, c = r - h * chunks;
+  int4* q = reinterpret_cast<int4*>(base + t * tok_stride + h * head_stride) + c;
+  __stcs(q, __ldcs(q));
+}
+
+// Launched as launch_kernel launches the kernel: blocks of 256 threads halved (down to 64)
+// while there are fewer blocks than SMs, programmatic dependent launch where the kernel uses it.
+template <typename... Params, typename... Args>
+void launch_like_kernel(void (*kernel)(Params...), int64_t threads, cudaStream_t s, Args... args) {
+  int block = 256;
+  while (block > 64 && (threads + block - 1) / block < num_sms(0)) block /= 2;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((unsigned)std::max<int64_t>((threads + block - 1) / block, 1));
+  config.blockDim = dim3(block);
+  config.stream = s;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = use_pdl(0) ? 1 : 0;
+  CK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
 // The bulk pass: one thread per block walks tiles of `tb` tokens, `stages` boxes in flight. A box
@@ -230,6 +293,8 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&evict, evict16 * 16));
     CK(cudaMemset(evict, 0, evict16 * 16));
   }
+  float* sink;
+  CK(cudaMalloc(&sink, 4));
   std::mt19937_64 rng(1);
   for (const Shape& sh : shapes) {
     if (only && !strstr(sh.name, only)) continue;
@@ -338,10 +403,16 @@ int main(int argc, char** argv) {
         };
         const float alone1 = time_graph(n_sets, before);
         const float with = time_graph(n_sets, [&](int i, cudaStream_t s) { before(i, s); call(i, s); });
+        const float with_empty = time_graph(n_sets, [&](int i, cudaStream_t s) {
+          before(i, s);
+          launch_like_kernel(empty_dependent, 1, s);
+        });
         const float alone2 = time_graph(n_sets, before);
         CK(cudaDeviceSynchronize());
-        printf("%-20s %7d  kernel %9.2f us in the engine sequence (%.2f with it, %.2f and %.2f without)\n",
-               sh.name, T, with - (alone1 + alone2) / 2, with, alone1, alone2);
+        const float alone = (alone1 + alone2) / 2;
+        printf("%-20s %7d  kernel %9.2f us in the engine sequence, empty kernel %5.2f (%.2f with it, %.2f with the "
+               "empty one, %.2f and %.2f without)\n",
+               sh.name, T, with - alone, with_empty - alone, with, with_empty, alone1, alone2);
         fflush(stdout);
         free_sets();
         continue;
@@ -362,6 +433,21 @@ int main(int argc, char** argv) {
         });
         printf("%-20s %7d  kernel %9.2f us  %5.2f TB/s | pattern %9.2f | contig %9.2f | k/pat %.3f k/contig %.3f\n",
                sh.name, T, k_us, move / k_us * 1e-6, pat_us, con_us, pat_us / k_us, con_us / k_us);
+        if (T <= 128) {  // chain's one thread per q/k chunk re-reads each row: no floor beyond
+          const float empty_us = time_graph(n_sets, [&](int, cudaStream_t s) {
+            launch_like_kernel(empty_dependent, 1, s);
+          });
+          const float chain_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+            launch_like_kernel(chain_dependent, pat_threads, s, pos[i], cache, (int64_t)T,
+                               (sh.hq + sh.hk) * chunks, sh.rot, sink);
+          });
+          const float patd_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
+            launch_like_kernel(pattern_dependent, pat_threads, s, (char*)qkv[i], (int64_t)T, sh.hq + sh.hk,
+                               chunks, row_elems * 2, (int64_t)sh.d * 2);
+          });
+          printf("%-20s %7d  decode floors, launched like the kernel: empty %5.2f | chain %5.2f | pattern %5.2f us"
+                 " | kernel %5.2f\n", sh.name, T, empty_us, chain_us, patd_us, k_us);
+        }
         if (floors >= 2) {
           static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
           if (encode == nullptr) {
@@ -408,5 +494,6 @@ int main(int argc, char** argv) {
     cudaFree(cache);
   }
   if (evict) cudaFree(evict);
+  cudaFree(sink);
   return 0;
 }
