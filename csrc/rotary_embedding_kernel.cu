@@ -6,8 +6,10 @@
 // Only the rotated dims are touched: pass-through dims are never read or written.
 //
 // Memory-level parallelism is what makes this op fast: every thread issues the q/k loads of
-// kHeadsPerBatch heads (two vectors each) before it waits on anything, and the position ->
-// cache-row chain is issued after them so both latencies overlap.
+// kHeadsPerBatch heads (two vectors each) and its cache-row loads before it waits on any of
+// them, so their latencies overlap. It does wait for its position first: the compiler hoists
+// the row's range check above the q/k loads (benchmarks/sass_waits.py shows where a thread
+// waits; benchmarks/results/h200_load_order.txt measures other orders).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kBlock)
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 
-  // Issue the position load first: the cache-row load depends on it.
+  // The position first: the cache-row load depends on it.
   int64_t row = load_index(p.positions, p.positions_int64, token);
   if (p.cache_offsets != nullptr) row += load_index(p.cache_offsets, p.offsets_int64, token);
 
