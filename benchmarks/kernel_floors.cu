@@ -29,8 +29,9 @@
 // projection does just before RoPE, so q/k are in L2). The kernel's figure is its cost in that
 // sequence: graph time with the kernel minus graph time without it (the mean of one run before
 // and one after). The empty kernel, launched the same way, is timed in the same place: the part
-// of a call's cost that is the kernel boundary alone. Back-to-back calls of the kernel alone overlap one call's memory latency with
-// the next call's start; in this sequence the kernel follows a different kernel, as in a model.
+// of a call's cost that is the kernel boundary alone. Back-to-back calls of the kernel alone
+// overlap one call's memory latency with the next call's start; in this sequence the kernel
+// follows a different kernel, as in a model.
 //
 // Build and run from the repository root on a CUDA machine (no torch needed):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/kernel_floors benchmarks/kernel_floors.cu
@@ -82,9 +83,20 @@ __global__ void touch_contig(int4* p, int64_t n16, int flip) {
     }
 }
 
-// One thread per 16-byte chunk of the rotated region of (token, head).
+// What the kernel does first when launched with programmatic dependent launch (see use_pdl).
+__device__ __forceinline__ void dependent_launch_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// One thread per 16-byte chunk of the rotated region of (token, head). kDependent: starts as the
+// kernel does under programmatic dependent launch (the decode floors launch it that way).
+template <bool kDependent = false>
 __global__ void touch_pattern(char* base, int64_t tokens, int heads, int chunks, int64_t tok_stride,
                               int64_t head_stride, int flip) {
+  if constexpr (kDependent) dependent_launch_start();
   int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   int64_t per_tok = (int64_t)heads * chunks;
   if (i >= tokens * per_tok) return;
@@ -95,13 +107,6 @@ __global__ void touch_pattern(char* base, int64_t tokens, int heads, int chunks,
   int4 v = __ldcs(q);
   v.x ^= flip;
   __stcs(q, v);
-}
-
-__device__ __forceinline__ void dependent_launch_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 __global__ void empty_dependent() { dependent_launch_start(); }
@@ -118,19 +123,6 @@ __global__ void chain_dependent(const int64_t* pos, const float* cache, int64_t 
   const float4 a = *reinterpret_cast<const float4*>(row), b = *reinterpret_cast<const float4*>(row + rot / 2);
   const float v = a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
   if (v == 12345.f) *sink = v;  // a use of the loads that never stores in practice
-}
-
-__global__ void pattern_dependent(char* base, int64_t tokens, int heads, int chunks, int64_t tok_stride,
-                                  int64_t head_stride) {
-  dependent_launch_start();
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  int64_t per_tok = (int64_t)heads * chunks;
-  if (i >= tokens * per_tok) return;
-  int64_t t = i / per_tok;
-  int r = (int)(i - t * per_tok);
-  int h = r / chunks, c = r - h * chunks;
-  int4* q = reinterpret_cast<int4*>(base + t * tok_stride + h * head_stride) + c;
-  __stcs(q, __ldcs(q));
 }
 
 // Launched as launch_kernel launches the kernel: blocks of 256 threads halved (down to 64)
@@ -442,8 +434,8 @@ int main(int argc, char** argv) {
                                (sh.hq + sh.hk) * chunks, sh.rot, sink);
           });
           const float patd_us = time_graph(n_sets, [&](int i, cudaStream_t s) {
-            launch_like_kernel(pattern_dependent, pat_threads, s, (char*)qkv[i], (int64_t)T, sh.hq + sh.hk,
-                               chunks, row_elems * 2, (int64_t)sh.d * 2);
+            launch_like_kernel(touch_pattern<true>, pat_threads, s, (char*)qkv[i], (int64_t)T, sh.hq + sh.hk,
+                               chunks, row_elems * 2, (int64_t)sh.d * 2, 0);
           });
           printf("%-20s %7d  decode floors, launched like the kernel: empty %5.2f | chain %5.2f | pattern %5.2f us"
                  " | kernel %5.2f\n", sh.name, T, empty_us, chain_us, patd_us, k_us);
