@@ -39,6 +39,8 @@
 //                      [input sets: 0 = enough to spill L2 (default), 1 = every call on the same inputs,
 //                       -1 = engine sequence]
 // ROPE_COMPAT_PDL=0 in the environment times the kernel without programmatic dependent launch.
+// The kernel is included relative to this file, so -I does not pick another one: to time a
+// variant, put a copy of this file in DIR/bench/ and the variant's csrc/ files in DIR/csrc/.
 #include "../csrc/rotary_embedding_kernel.cu"
 
 #include <algorithm>
