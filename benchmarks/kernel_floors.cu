@@ -85,20 +85,12 @@ __global__ void touch_contig(int4* p, int64_t n16, int flip) {
     }
 }
 
-// What the kernel does first when launched with programmatic dependent launch (see use_pdl).
-__device__ __forceinline__ void dependent_launch_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // One thread per 16-byte chunk of the rotated region of (token, head). kDependent: starts as the
 // kernel does under programmatic dependent launch (the decode floors launch it that way).
 template <bool kDependent = false>
 __global__ void touch_pattern(char* base, int64_t tokens, int heads, int chunks, int64_t tok_stride,
                               int64_t head_stride, int flip) {
-  if constexpr (kDependent) dependent_launch_start();
+  if constexpr (kDependent) pdl_prologue();
   int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   int64_t per_tok = (int64_t)heads * chunks;
   if (i >= tokens * per_tok) return;
@@ -111,12 +103,12 @@ __global__ void touch_pattern(char* base, int64_t tokens, int heads, int chunks,
   __stcs(q, v);
 }
 
-__global__ void empty_dependent() { dependent_launch_start(); }
+__global__ void empty_dependent() { pdl_prologue(); }
 
 // The dependent loads alone: position, then 16 bytes of cos and 16 of sin from its cache row.
 __global__ void chain_dependent(const int64_t* pos, const float* cache, int64_t tokens, int per_tok, int rot,
                                 float* sink) {
-  dependent_launch_start();
+  pdl_prologue();
   int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= tokens * per_tok) return;
   const int64_t t = i / per_tok;
@@ -127,22 +119,11 @@ __global__ void chain_dependent(const int64_t* pos, const float* cache, int64_t 
   if (v == 12345.f) *sink = v;  // a use of the loads that never stores in practice
 }
 
-// Launched as launch_kernel launches the kernel: blocks of 256 threads halved (down to 64)
-// while there are fewer blocks than SMs, programmatic dependent launch where the kernel uses it.
+// Launched as the kernel is (launch_pdl: small blocks for small calls, programmatic dependent
+// launch where the kernel uses it), on device 0.
 template <typename... Params, typename... Args>
-void launch_like_kernel(void (*kernel)(Params...), int64_t threads, cudaStream_t s, Args... args) {
-  int block = 256;
-  while (block > 64 && (threads + block - 1) / block < num_sms(0)) block /= 2;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((unsigned)std::max<int64_t>((threads + block - 1) / block, 1));
-  config.blockDim = dim3(block);
-  config.stream = s;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = use_pdl(0) ? 1 : 0;
-  CK(cudaLaunchKernelEx(&config, kernel, args...));
+void launch_like_kernel(void (*kernel)(Params...), int64_t threads, cudaStream_t s, const Args&... args) {
+  CK(launch_pdl(kernel, threads, Target{s, 0}, args...));
 }
 
 // The bulk pass: one thread per block walks tiles of `tb` tokens, `stages` boxes in flight. A box

@@ -13,9 +13,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "rotary_embedding.h"
 
@@ -104,6 +104,15 @@ __device__ __forceinline__ void load_cos_sin(const CT* cache_row, int32_t half, 
   }
 }
 
+// What a kernel launched by launch_pdl does first (see use_pdl): let the next kernel launch
+// now, and wait for the previous one's writes.
+__device__ __forceinline__ void pdl_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // N cache values as loaded, converted one by one where they are used. Two-byte types are kept
 // as 32-bit words: a vector of 16-bit values is unpacked right at the load, and unpacking waits
 // for the load to return.
@@ -174,11 +183,7 @@ __global__ void __launch_bounds__(kBlock)
   const int32_t group = static_cast<int32_t>(l.units_per_head.div(rem));
   const int32_t j = static_cast<int32_t>(rem - group * l.units_per_head.d);
   const int32_t groups = l.groups;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // See use_pdl: let the next kernel launch now, and wait for the previous one's writes.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  pdl_prologue();
 
   // The position first: the cache-row load depends on it.
   int64_t row = load_index(p.positions, p.positions_int64, token);
@@ -321,8 +326,10 @@ struct Target {
   int device;
 };
 
-template <typename T, typename CT, int V, int kHeadsPerBatch>
-cudaError_t launch_kernel(int64_t threads, const Target& t, const RotaryParams& p, const Launch& l) {
+// Launches `kernel` (which starts with pdl_prologue) over `threads` threads. Also used by
+// benchmarks/kernel_floors.cu, so that its floors are launched exactly as the kernel is.
+template <typename... Params, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), int64_t threads, const Target& t, const Args&... args) {
   // Blocks of 256 threads, smaller (down to kMinBlock) while that leaves multiprocessors idle:
   // a decode-sized call then spreads its loads over more SMs (measured 0.05-0.13 us less per
   // call at 1-16 tokens on an H200, the same from 1024 tokens on).
@@ -337,7 +344,7 @@ cudaError_t launch_kernel(int64_t threads, const Target& t, const RotaryParams& 
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = use_pdl(t.device) ? 1 : 0;
-  return cudaLaunchKernelEx(&config, rotary_kernel<T, CT, V, kHeadsPerBatch>, p, l);
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 template <typename T, typename CT, int V>
@@ -366,9 +373,9 @@ int launch(const RotaryParams& p, const Target& t) {
     l.token_begin = static_cast<int32_t>(begin);
     l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * l.units_per_token.d;
-    const cudaError_t err = per_thread == 1      ? launch_kernel<T, CT, V, 1>(threads, t, p, l)
-                            : units_per_head >= 8 ? launch_kernel<T, CT, V, 2>(threads, t, p, l)
-                                                  : launch_kernel<T, CT, V, 4>(threads, t, p, l);
+    const cudaError_t err = per_thread == 1      ? launch_pdl(rotary_kernel<T, CT, V, 1>, threads, t, p, l)
+                            : units_per_head >= 8 ? launch_pdl(rotary_kernel<T, CT, V, 2>, threads, t, p, l)
+                                                  : launch_pdl(rotary_kernel<T, CT, V, 4>, threads, t, p, l);
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
