@@ -352,16 +352,23 @@ int launch(const RotaryParams& p, const Target& t) {
   const int32_t units_per_head = p.rot_dim / 2 / V;
   const int32_t heads_total = total_heads(p);
   // Small calls: one head per thread, for the most parallelism and the shortest chain.
-  // Large calls: up to 4 heads per thread, so the cos/sin row is reused. How many of them
+  // Large calls: 4 heads per thread, so the cos/sin row is reused. How many of them
   // have loads in flight at once was measured on an H200 at 8192 and 131072 tokens (max 4
   // heads, 2 or 4 at a time, against 8 heads 4 at a time, the previous choice):
   //   whole 128-dim heads (8+ units a head), 2 at a time: 32/8 heads 667 -> 660 us, 64/8
   //     1195 -> 1182 us (4 at a time: 678 and 1210 us);
   //   64 rotated dims (4 units a head), 4 at a time: partial 32/32 NeoX 627 -> 604 us,
   //     16/16 GPT-J 325 -> 319 us (2 at a time: 624 and 319 us).
+  // Where one changes to the other: one head per thread while the call has less than 8 heads'
+  // worth of units for each thread the GPU holds at once. Measured on an H200 against the
+  // previous limit (2 per resident thread), rotated inputs: 32/8 heads x 128 at 2048 tokens
+  // 12.2 -> 11.8 us, 4096 tokens 22.9 -> 22.0; 64/8 at 1024 tokens 11.25 -> 10.9; GPT-J 16/16 x
+  // 256 rot 64 at 6144 tokens 18.6 -> 16.3, 8192 tokens 21.8 -> 21.1. A limit of 16 was up to
+  // 2.5% faster still at 4096-12288 tokens with rotated inputs but not in an engine-like
+  // sequence (benchmarks/results/h200_launch_limits.txt).
   const int64_t work = static_cast<int64_t>(p.num_tokens) * heads_total * units_per_head;
   const int64_t resident = static_cast<int64_t>(num_sms(t.device)) * 2048;
-  const int64_t per_thread = std::min<int64_t>(std::max<int64_t>(work / resident, 1), 4);
+  const int64_t per_thread = work < 8 * resident ? 1 : 4;
   Launch l;
   l.groups = static_cast<int32_t>((heads_total + per_thread - 1) / per_thread);
   l.units_per_token = FastDiv(static_cast<uint32_t>(l.groups * units_per_head));
@@ -382,18 +389,19 @@ int launch(const RotaryParams& p, const Target& t) {
 }
 
 // Vector width for this call: the widest the pointers and strides allow, except that a call
-// of 2048 to 4608 threads at 16-byte vectors runs with 8-byte vectors (twice the threads).
+// of 2048 to 6144 threads at 16-byte vectors runs with 8-byte vectors (twice the threads).
 // Measured on an H200 in CUDA graphs, bf16 q/k: 12 tokens of 32/8 heads x 128 1.52 -> 1.38 us,
-// 16 tokens of partial 32/32 (rot 64) 1.54 -> 1.43 us, 16 tokens of 16/16 x 256 GPT-J (rot 64)
-// 1.50 -> 1.21 us. Below and above that range the narrower vectors were slower (1 token:
-// 1.06 -> 1.16 us; 24 tokens of 32/8: 1.68 -> 1.95 us).
+// 16 tokens 1.56 -> 1.49, 18 tokens 1.57 -> 1.54; 20-24 tokens of partial 32/32 (rot 64)
+// 1.55-1.59 -> 1.47-1.56 us; 16 tokens of 16/16 x 256 GPT-J (rot 64) 1.50 -> 1.21 us. Below
+// and above that range the narrower vectors were slower (1 token: 1.06 -> 1.16 us; 24 tokens
+// of 32/8, 7680 threads: 1.63 -> 1.80 us; 16 tokens of 64/8, 9216 threads: 1.66 -> 1.85).
 template <typename T>
 int call_width(const RotaryParams& p) {
   const int v = vector_width(p);
   if (v * static_cast<int>(sizeof(T)) != 16) return v;
   const int64_t heads_total = total_heads(p);
   const int64_t threads = static_cast<int64_t>(p.num_tokens) * heads_total * (p.rot_dim / 2 / v);
-  return threads >= 2048 && threads <= 4608 ? v / 2 : v;
+  return threads >= 2048 && threads <= 6144 ? v / 2 : v;
 }
 
 template <typename T, typename CT>
