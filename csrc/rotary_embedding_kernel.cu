@@ -351,7 +351,8 @@ template <typename T, typename CT, int V>
 int launch(const RotaryParams& p, const Target& t) {
   const int32_t units_per_head = p.rot_dim / 2 / V;
   const int32_t heads_total = total_heads(p);
-  // Small calls: one head per thread, for the most parallelism and the shortest chain.
+  // Small calls: one head per thread, for the most parallelism and the shortest chain (2 heads
+  // per thread at 16 tokens of 64/8 heads x 128 measured 1.70 -> 1.89 us on an H200).
   // Large calls: 4 heads per thread, so the cos/sin row is reused. How many of them
   // have loads in flight at once was measured on an H200 at 8192 and 131072 tokens (max 4
   // heads, 2 or 4 at a time, against 8 heads 4 at a time, the previous choice):
