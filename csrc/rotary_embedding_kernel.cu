@@ -196,8 +196,11 @@ __global__ void __launch_bounds__(kBlock)
   //   Why GPT-J changes with the call size: with adjacent vectors a warp's store covers each
   // 32-byte sector only half, so L2 takes every sector twice (ncu: 28% more write sectors), which
   // costs bandwidth in large calls (16/16 x 256 rot 64 on an H200: 8192 tokens 22.6 -> 21.9 us,
-  // 131072 tokens 320 -> 314 us). Small calls are latency-bound, and there adjacent vectors win:
-  // each load instruction asks for whole 128-byte lines (1024 tokens: 4.1 against 4.5 us).
+  // 131072 tokens 320 -> 314 us, both with several heads per thread). Small calls are
+  // latency-bound, and there adjacent vectors win: each load instruction asks for whole 128-byte
+  // lines (1024 tokens: 4.1 against 4.5 us). Which one a call gets follows from its launch: one
+  // head per thread means adjacent vectors (see launch(); for that shape on an H200, calls of up
+  // to 16896 tokens, and at 8192 tokens this measured 21.1 us).
   const bool halves = p.is_neox || (kHeadsPerBatch > 1 && V > 1);
   const int32_t e1 = p.rope_dim_offset + (halves ? j * V : 2 * j * V);
   const int32_t e2 = halves ? e1 + half : e1 + V;
@@ -360,9 +363,9 @@ int launch(const RotaryParams& p, const Target& t) {
   //     1195 -> 1182 us (4 at a time: 678 and 1210 us);
   //   64 rotated dims (4 units a head), 4 at a time: partial 32/32 NeoX 627 -> 604 us,
   //     16/16 GPT-J 325 -> 319 us (2 at a time: 624 and 319 us).
-  // Where one changes to the other: one head per thread while the call has less than 8 heads'
-  // worth of units for each thread the GPU holds at once. Measured on an H200 against the
-  // previous limit (2 per resident thread), rotated inputs: 32/8 heads x 128 at 2048 tokens
+  // Where one changes to the other: one head per thread while the call has fewer than 8 units
+  // (threads at one head each) for each thread the GPU holds at once. Measured on an H200
+  // against the previous limit (2 per resident thread), rotated inputs: 32/8 heads x 128 at 2048 tokens
   // 12.2 -> 11.8 us, 4096 tokens 22.9 -> 22.0; 64/8 at 1024 tokens 11.25 -> 10.9; GPT-J 16/16 x
   // 256 rot 64 at 6144 tokens 18.6 -> 16.3, 8192 tokens 21.8 -> 21.1. A limit of 16 was up to
   // 2.5% faster still at 4096-12288 tokens with rotated inputs but not in an engine-like
