@@ -1,9 +1,11 @@
 """Large calls on the GPU: the kernel's many-heads-per-thread path and its launch splitting.
 
-Small cases (the rest of the suite) run one head per thread; from a few thousand tokens on,
-each thread rotates several heads in batches. These cases reach that path with model shapes
-and compare sampled tokens with the float64 reference, and the whole tensors with the Torch
-implementation on the same device.
+Small cases (the rest of the suite) run one head per thread; calls of at least 8 units of work
+per thread the GPU holds at once (see launch() in csrc/rotary_embedding_kernel.cu: about 6800
+tokens of 32/8x128 on an H200, 16900 of 16/16x256 rot64) run several heads per thread in
+batches. These cases reach that path with model shapes (and, at 8192 tokens, one head per thread
+in calls of that size) and compare sampled tokens with the float64 reference, and the whole
+tensors with the Torch implementation on the same device.
 """
 
 import pytest
@@ -23,6 +25,21 @@ SHAPES = {  # heads, kv_heads, head_size, rot_dim, is_neox
     "gptj": (16, 16, 256, 64, False),
     "odd": (12, 4, 80, 48, True),
 }
+
+
+def several_heads_tokens(heads_total: int, rot_dim: int, offset: int, dtype: torch.dtype, at_least: int) -> int:
+    """A token count (at least `at_least`) that puts a call on the kernel's several-heads-per-thread
+    path on this GPU, with a 25% margin: launch() takes it from 8 units per resident thread (2048
+    per SM), a unit being one vector of V elements of each half of one head's rotated dims. V is
+    taken as the widest the kernel could pick, so the units are never overcounted."""
+    half = rot_dim // 2
+    v = 16 // torch.empty((), dtype=dtype).element_size()
+    while v > 1 and (half % v or offset % v):
+        v //= 2
+    units_per_token = heads_total * (half // v)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    needed = -(-8 * sms * 2048 // units_per_token)
+    return max(at_least, needed + needed // 4)
 
 
 def check_fused_call(positions, qkv, before, hq, hk, d, cache, neox, offset=0, with_key=True):
@@ -74,7 +91,7 @@ def test_large_call_inverse_int32_bf16_cache_out_of_range(shape):
     """The large-call path with the other options: inverse, int32 positions, a bf16 cache, and
     positions outside the cache (those tokens stay bit-identical; the rest rotate)."""
     hq, hk, d, rot, neox = SHAPES[shape]
-    tokens, rows = 8192, 4096
+    tokens, rows = several_heads_tokens(hq + hk, rot, 0, torch.bfloat16, 8192), 4096
     qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=torch.bfloat16, device="cuda")
     q, k = qkv[:, : hq * d], qkv[:, hq * d : (hq + hk) * d]
     cache = random_cache(rows, rot, torch.bfloat16, "cuda")
@@ -98,7 +115,7 @@ def test_large_call_inverse_int32_bf16_cache_out_of_range(shape):
 # GPT-J in large calls pairs vector j of each half of the rotated dims (the kernel's comment says
 # why), so each vector width, each cache dtype, rope_dim_offset and key=None get a case there:
 # (dtype, cache dtype, heads, kv_heads, head_size, rot_dim, rope_dim_offset, with_key). Token
-# counts are large enough for several heads per thread.
+# counts come from several_heads_tokens.
 GPTJ_LARGE = {
     "f32-v4-f64-cache": (torch.float32, torch.float64, 16, 16, 256, 64, 0, True),
     "bf16-v2-offset-f16-cache": (torch.bfloat16, torch.float16, 8, 8, 64, 12, 4, True),
@@ -110,7 +127,7 @@ GPTJ_LARGE = {
 @pytest.mark.parametrize("case", GPTJ_LARGE)
 def test_large_call_gptj_widths(case):
     dtype, cache_dtype, hq, hk, d, rot, offset, with_key = GPTJ_LARGE[case]
-    tokens = 16384
+    tokens = several_heads_tokens(hq + (hk if with_key else 0), rot, offset, dtype, 16384)
     qkv = torch.randn(tokens, (hq + 2 * hk) * d, dtype=dtype, device="cuda")
     q = qkv[:, : hq * d]
     k = qkv[:, hq * d : (hq + hk) * d] if with_key else None
