@@ -9,7 +9,7 @@
 // bit and stores it back; none reads positions or the cache, which the kernel must also do.
 //
 // bf16 q/k sliced from a fused qkv tensor, 200 input sets in rotation (as `rope-compat bench`),
-// CUDA-graph replays of 20 calls, median of 37 replays.
+// timed with floors.cuh's time_graph (CUDA-graph replays of 20 calls, every input set in turn).
 // Build and run on a CUDA machine (no torch needed):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/decode_floor benchmarks/decode_floor.cu
 //   /tmp/decode_floor [tokens,...]
@@ -23,14 +23,9 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                 \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      printf("CUDA error %s at line %d\n", cudaGetErrorString(e_), __LINE__); \
-      exit(1);                                                                \
-    }                                                                         \
-  } while (0)
+#include "floors.cuh"
+
+using Call = std::function<void(int, cudaStream_t)>;
 
 // As the kernel starts under PDL: let the next kernel launch, wait for the previous one.
 __device__ __forceinline__ void pdl_prologue() {
@@ -95,47 +90,6 @@ void launch(void (*kernel)(Params...), int threads, int block, bool with_pdl, cu
   CK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
-using Call = std::function<void(int, cudaStream_t)>;
-
-// Median microseconds per call: CUDA-graph replays of 20 calls, all n_sets inputs in turn.
-float time_graph(int n_sets, const Call& call) {
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < n_sets; ++i) call(i, s);
-  CK(cudaStreamSynchronize(s));
-  const int per_graph = 20, n_graphs = (n_sets + per_graph - 1) / per_graph;
-  std::vector<cudaGraphExec_t> execs;
-  for (int g = 0; g < n_graphs; ++g) {
-    cudaGraph_t graph;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int c = 0; c < per_graph; ++c) call((g * per_graph + c) % n_sets, s);
-    CK(cudaStreamEndCapture(s, &graph));
-    cudaGraphExec_t e;
-    CK(cudaGraphInstantiate(&e, graph, 0));
-    execs.push_back(e);
-    CK(cudaGraphDestroy(graph));
-  }
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> us;
-  for (int r = 0; r < 40; ++r) {
-    CK(cudaEventRecord(a, s));
-    for (auto e : execs) CK(cudaGraphLaunch(e, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) us.push_back(ms * 1e3f / (n_graphs * per_graph));
-  }
-  std::sort(us.begin(), us.end());
-  for (auto e : execs) CK(cudaGraphExecDestroy(e));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaStreamDestroy(s));
-  return us[us.size() / 2];
-}
-
 int main(int argc, char** argv) {
   std::vector<int> token_list = {1, 8, 16};
   if (argc > 1) {
@@ -188,14 +142,9 @@ int main(int argc, char** argv) {
           v.call(0, 0);
           CK(cudaDeviceSynchronize());
           CK(cudaMemcpy(after.data(), qkv[0], after.size(), cudaMemcpyDeviceToHost));
-          size_t wrong = 0;
-          for (size_t k = 0; k < before.size(); ++k) {
-            const int e = (int)(k % row_bytes), h = e / (sh.d * 2), inner = e % (sh.d * 2);
-            const bool flipped = h < heads && inner < sh.rot * 2 && inner % width == 0;
-            wrong += after[k] != (flipped ? before[k] ^ 1 : before[k]);
-          }
+          const int64_t wrong = wrong_flips(before, after, row_bytes, sh.d * 2, heads, sh.rot * 2, width);
           if (wrong) {
-            printf("  %s: %zu bytes wrong\n", v.name.c_str(), wrong);
+            printf("  %s: %lld bytes wrong\n", v.name.c_str(), (long long)wrong);
             exit(1);
           }
           CK(cudaMemcpy(qkv[0], before.data(), before.size(), cudaMemcpyHostToDevice));

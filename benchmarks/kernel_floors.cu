@@ -40,8 +40,10 @@
 //                       -1 = engine sequence]
 // ROPE_COMPAT_PDL=0 in the environment times the kernel without programmatic dependent launch.
 // The kernel is included relative to this file, so -I does not pick another one: to time a
-// variant, put a copy of this file in DIR/bench/ and the variant's csrc/ files in DIR/csrc/.
+// variant, put a copy of this file and floors.cuh in DIR/bench/ and the variant's csrc/ files
+// in DIR/csrc/.
 #include "../csrc/rotary_embedding_kernel.cu"
+#include "floors.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -55,15 +57,6 @@
 #include <cudaTypedefs.h>
 
 using namespace rope_compat;
-
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      printf("CUDA error %s at line %d\n", cudaGetErrorString(e_), __LINE__);       \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
 
 struct Shape {
   const char* name;
@@ -198,50 +191,6 @@ __global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
 __global__ void fill_pos(int64_t* p, int64_t n, int64_t rows, uint64_t seed) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     p[i] = (int64_t)(mix(i * 2654435761ULL + seed) % rows);
-}
-
-template <typename F>
-float time_graph(int n_sets, F&& call) {
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < std::max(n_sets, 3); ++i) call(i % n_sets, s);
-  CK(cudaStreamSynchronize(s));
-  const int per_graph = 20;
-  int n_graphs = (n_sets + per_graph - 1) / per_graph;
-  std::vector<cudaGraphExec_t> execs;
-  for (int g = 0; g < n_graphs; ++g) {
-    cudaGraph_t graph;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int c = 0; c < per_graph; ++c) call((g * per_graph + c) % n_sets, s);
-    CK(cudaStreamEndCapture(s, &graph));
-    cudaGraphExec_t e;
-    CK(cudaGraphInstantiate(&e, graph, 0));
-    execs.push_back(e);
-    CK(cudaGraphDestroy(graph));
-  }
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  auto replay = [&] {
-    CK(cudaEventRecord(a, s));
-    for (auto e : execs) CK(cudaGraphLaunch(e, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    return ms / (n_graphs * per_graph) * 1e3f;
-  };
-  replay();
-  float first = replay();
-  int reps = std::max(7, std::min(60, (int)(150e3 / std::max(first * n_graphs * per_graph, 1.f))));
-  std::vector<float> v;
-  for (int r = 0; r < reps; ++r) v.push_back(replay());
-  std::sort(v.begin(), v.end());
-  for (auto e : execs) cudaGraphExecDestroy(e);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaStreamDestroy(s);
-  return v[v.size() / 2];
 }
 
 int main(int argc, char** argv) {

@@ -9,8 +9,9 @@
 // gets closer to the contiguous figure. None reads positions or cos/sin rows, which a kernel must
 // also do. A pass loads each chunk, flips a bit, and stores it back.
 //
-// bf16 q/k sliced from a fused qkv tensor (q heads, k heads, v heads per token), CUDA-graph
-// replays of 20 calls over input sets that together exceed 256 MiB, median of 10 replays.
+// bf16 q/k sliced from a fused qkv tensor (q heads, k heads, v heads per token), timed with
+// floors.cuh's time_graph (CUDA-graph replays of 20 calls, every input set in turn) over input
+// sets that together exceed 256 MiB.
 // Results and what they mean: results/h200_partial_floor.txt.
 // Build and run on a CUDA machine (no torch needed):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/partial_floor benchmarks/partial_floor.cu
@@ -26,14 +27,9 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                 \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      printf("CUDA error %s at line %d\n", cudaGetErrorString(e_), __LINE__); \
-      exit(1);                                                                \
-    }                                                                         \
-  } while (0)
+#include "floors.cuh"
+
+using Call = std::function<void(int, cudaStream_t)>;
 
 // Where the rotated chunks lie: token t, head h (q heads then k heads), chunk c of `chunks`.
 struct Layout {
@@ -188,43 +184,6 @@ __global__ void contig_write(int4* p, int64_t n) {
   __stcs(p + i, make_int4(x, x, x, x));
 }
 
-using Call = std::function<void(int, cudaStream_t)>;
-
-// Median microseconds per call: CUDA-graph replays of 20 calls cycling through n_sets inputs.
-float time_graph(int n_sets, const Call& call) {
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < std::max(n_sets, 3); ++i) call(i % n_sets, s);
-  CK(cudaStreamSynchronize(s));
-  const int per_graph = 20;
-  cudaGraph_t graph;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int c = 0; c < per_graph; ++c) call(c % n_sets, s);
-  CK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphDestroy(graph));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<float> us;
-  for (int r = 0; r < 12; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 2) us.push_back(ms * 1e3f / per_graph);
-  }
-  std::sort(us.begin(), us.end());
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaStreamDestroy(s));
-  return us[us.size() / 2];
-}
-
 unsigned blocks_for(int64_t threads, int block) { return (unsigned)((threads + block - 1) / block); }
 
 struct Shape {
@@ -324,14 +283,7 @@ int main(int argc, char** argv) {
           v.call(0, 0);
           CK(cudaDeviceSynchronize());
           CK(cudaMemcpy(after.data(), qkv[0], T * row_bytes, cudaMemcpyDeviceToHost));
-          int64_t wrong = 0;
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t e = 0; e < row_bytes; ++e) {
-              const int64_t h = e / (sh.d * 2), inner = e % (sh.d * 2);
-              const bool flipped = h < heads && inner < sh.rot * 2 && inner % 16 == 0;
-              const int64_t k = t * row_bytes + e;
-              wrong += after[k] != (flipped ? before[k] ^ 1 : before[k]);
-            }
+          const int64_t wrong = wrong_flips(before, after, row_bytes, sh.d * 2, heads, sh.rot * 2, 16);
           if (wrong) {
             printf("  %s: %lld bytes wrong\n", v.name.c_str(), (long long)wrong);
             exit(1);

@@ -1,0 +1,83 @@
+// Shared by the standalone floor benchmarks (kernel_floors.cu, partial_floor.cu,
+// decode_floor.cu): the CUDA error check, the graph timing they all report, and the check that
+// an in-place test pass flipped exactly the bytes it should.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                 \
+  do {                                                                        \
+    cudaError_t e_ = (x);                                                     \
+    if (e_ != cudaSuccess) {                                                  \
+      printf("CUDA error %s at line %d\n", cudaGetErrorString(e_), __LINE__); \
+      exit(1);                                                                \
+    }                                                                         \
+  } while (0)
+
+// Median microseconds per call of `call(set, stream)`: CUDA-graph replays of 20 calls each,
+// enough graphs that every one of the n_sets input sets is used in turn (so a call does not
+// find its inputs in the L2 the previous call filled), 7 to 60 replays after a warm-up.
+template <typename F>
+float time_graph(int n_sets, F&& call) {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < std::max(n_sets, 3); ++i) call(i % n_sets, s);
+  CK(cudaStreamSynchronize(s));
+  const int per_graph = 20;
+  int n_graphs = (n_sets + per_graph - 1) / per_graph;
+  std::vector<cudaGraphExec_t> execs;
+  for (int g = 0; g < n_graphs; ++g) {
+    cudaGraph_t graph;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int c = 0; c < per_graph; ++c) call((g * per_graph + c) % n_sets, s);
+    CK(cudaStreamEndCapture(s, &graph));
+    cudaGraphExec_t e;
+    CK(cudaGraphInstantiate(&e, graph, 0));
+    execs.push_back(e);
+    CK(cudaGraphDestroy(graph));
+  }
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  auto replay = [&] {
+    CK(cudaEventRecord(a, s));
+    for (auto e : execs) CK(cudaGraphLaunch(e, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    return ms / (n_graphs * per_graph) * 1e3f;
+  };
+  replay();
+  float first = replay();
+  int reps = std::max(7, std::min(60, (int)(150e3 / std::max(first * n_graphs * per_graph, 1.f))));
+  std::vector<float> v;
+  for (int r = 0; r < reps; ++r) v.push_back(replay());
+  std::sort(v.begin(), v.end());
+  for (auto e : execs) cudaGraphExecDestroy(e);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s);
+  return v[v.size() / 2];
+}
+
+// Bytes of `after` that differ from what an in-place pass over rows of `row_bytes` should leave:
+// in each of the first `heads` heads of `head_bytes`, the first byte of every `width`-byte chunk
+// of the first `rot_bytes` xored with 1 (the pass flips bit 0 of each chunk's first word),
+// everything else as in `before`.
+inline int64_t wrong_flips(const std::vector<unsigned char>& before, const std::vector<unsigned char>& after,
+                           int64_t row_bytes, int64_t head_bytes, int heads, int64_t rot_bytes, int width) {
+  int64_t wrong = 0;
+  for (size_t k = 0; k < before.size(); ++k) {
+    const int64_t e = (int64_t)(k % row_bytes), h = e / head_bytes, inner = e % head_bytes;
+    const bool flipped = h < heads && inner < rot_bytes && inner % width == 0;
+    wrong += after[k] != (flipped ? before[k] ^ 1 : before[k]);
+  }
+  return wrong;
+}
