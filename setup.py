@@ -87,6 +87,8 @@ setup(
     version="0.1.0",
     description="Rotary position embedding for LLM inference engines: vLLM's op without vLLM",
     packages=find_packages(include=["rope_compat", "rope_compat.*"]),
+    license="Apache-2.0",
+    license_files=["LICENSE"],
     python_requires=">=3.10",
     install_requires=["torch>=2.10"],
     extras_require={

@@ -22,10 +22,9 @@
 namespace rope_compat {
 namespace {
 
-// Blocks of 256 threads (see launch_pdl for small calls). On an H200, blocks of 128 made large
-// calls up to 3% slower (32/32 heads x 128 rot 64 at 131072 tokens: 603 -> 623 us), although a
-// plain pass over the same bytes is faster with 128, and blocks of 64 made calls of 1024-4096
-// tokens up to 15% slower (benchmarks/results/h200_partial_floor.txt).
+// Blocks of 256 threads (see launch_pdl for small calls): smaller blocks measured slower for
+// large calls, although a plain pass over the same bytes prefers 128
+// (benchmarks/studies/results/h200_partial_floor.txt).
 constexpr int kBlock = 256;
 constexpr int kMinBlock = 64;
 
@@ -56,7 +55,7 @@ __host__ __device__ __forceinline__ int32_t total_heads(const RotaryParams& p) {
 }
 
 // q/k accesses with the streaming (evict-first) cache hint: every q/k byte is touched exactly
-// once, so caching it only displaces the cos/sin rows (measured 10-20% faster on an H200).
+// once, so caching it only displaces the cos/sin rows, which are reused.
 template <typename T, int V>
 __device__ __forceinline__ Vec<T, V> load_qk(const T* ptr) {
   if constexpr (sizeof(Vec<T, V>) == 16) {
@@ -198,13 +197,10 @@ __global__ void __launch_bounds__(kBlock)
   // of each half of the rotated dims (NeoX pairs (i, i + half); GPT-J pairs (2i, 2i + 1) within
   // each vector), or for GPT-J in small calls the adjacent vectors 2j and 2j + 1.
   //   Why GPT-J changes with the call size: with adjacent vectors a warp's store covers each
-  // 32-byte sector only half, so L2 takes every sector twice (ncu: 28% more write sectors), which
-  // costs bandwidth in large calls (16/16 x 256 rot 64 on an H200: 8192 tokens 22.6 -> 21.9 us,
-  // 131072 tokens 320 -> 314 us, both with several heads per thread). Small calls are
-  // latency-bound, and there adjacent vectors win: each load instruction asks for whole 128-byte
-  // lines (1024 tokens: 4.1 against 4.5 us). Which one a call gets follows from its launch: one
-  // head per thread means adjacent vectors (see launch(); for that shape on an H200, calls of up
-  // to 16896 tokens, and at 8192 tokens this measured 21.1 us).
+  // 32-byte sector only half, so L2 takes every sector twice, which costs bandwidth in large
+  // calls. Small calls are latency-bound, and there adjacent vectors win: each load instruction
+  // asks for whole 128-byte lines. Which one a call gets follows from its launch: one head per
+  // thread means adjacent vectors (see launch()).
   const bool halves = p.is_neox || (kHeadsPerBatch > 1 && V > 1);
   const int32_t e1 = p.rope_dim_offset + (halves ? j * V : 2 * j * V);
   const int32_t e2 = halves ? e1 + half : e1 + V;
@@ -220,10 +216,10 @@ __global__ void __launch_bounds__(kBlock)
   if constexpr (kHeadsPerBatch == 1) {
     // Small calls, one head per thread (head `group`): the cache-row loads go out before the
     // q/k loads. The row has the longest latency (a random row of a large table); issued after
-    // the q/k loads it made calls up to 0.45 us slower at 4-1024 tokens on an H200
-    // (benchmarks/results/h200_load_order.txt). Nothing uses the row before the q/k loads are
-    // issued, or the thread would wait for it there (benchmarks/sass_waits.py shows where it
-    // waits): it is converted, and the inverse rotation's sign applied, in the arithmetic.
+    // the q/k loads it would add its latency to theirs
+    // (benchmarks/studies/results/h200_load_order.txt). Nothing uses the row before the q/k loads
+    // are issued, or the thread would wait for it there (benchmarks/studies/sass_waits.py shows
+    // where it waits): it is converted, and the inverse rotation's sign applied, in the arithmetic.
     if (row < 0 || row >= p.cache_rows) return;  // rows outside the cache are never read
     const CT* cache_row = static_cast<const CT*>(p.cache) + row * p.cache_row_stride + j * V;
     const Stored<CT, V> cv = *reinterpret_cast<const Stored<CT, V>*>(cache_row);
@@ -242,8 +238,8 @@ __global__ void __launch_bounds__(kBlock)
     return;
   }
 
-  // Large calls, kHeadsPerBatch heads per thread: their q/k loads go out first, then the row
-  // (measured 0.3-0.9 us faster at 8192 tokens than the other order).
+  // Large calls, kHeadsPerBatch heads per thread: their q/k loads go out first, then the row;
+  // there bandwidth, not one load's latency, sets the time, and this order measured faster.
   float c[V], sn[V];
   bool have_cos_sin = false;
   for (int32_t h0 = group; h0 < heads_total; h0 += kHeadsPerBatch * groups) {
@@ -333,13 +329,13 @@ struct Target {
   int device;
 };
 
-// Launches `kernel` (which starts with pdl_prologue) over `threads` threads. Also used by
-// benchmarks/kernel_floors.cu, so that its floors are launched exactly as the kernel is.
+// Launches `kernel` (which starts with pdl_prologue) over `threads` threads.
+// benchmarks/studies/floors.cuh copies this launch, so that its floors are launched as the
+// kernel is: keep the two alike.
 template <typename... Params, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(Params...), int64_t threads, const Target& t, const Args&... args) {
   // Blocks of 256 threads, smaller (down to kMinBlock) while that leaves multiprocessors idle:
-  // a decode-sized call then spreads its loads over more SMs (measured 0.05-0.13 us less per
-  // call at 1-16 tokens on an H200, the same from 1024 tokens on).
+  // a decode-sized call then spreads its loads over more SMs.
   int block = kBlock;
   while (block > kMinBlock && (threads + block - 1) / block < num_sms(t.device)) block /= 2;
   cudaLaunchConfig_t config = {};
@@ -358,22 +354,15 @@ template <typename T, typename CT, int V>
 int launch(const RotaryParams& p, const Target& t) {
   const int32_t units_per_head = p.rot_dim / 2 / V;
   const int32_t heads_total = total_heads(p);
-  // Small calls: one head per thread, for the most parallelism and the shortest chain (2 heads
-  // per thread at 16 tokens of 64/8 heads x 128 measured 1.70 -> 1.89 us on an H200).
-  // Large calls: 4 heads per thread, so the cos/sin row is reused. How many of them
-  // have loads in flight at once was measured on an H200 at 8192 and 131072 tokens (max 4
-  // heads, 2 or 4 at a time, against 8 heads 4 at a time, the previous choice):
-  //   whole 128-dim heads (8+ units a head), 2 at a time: 32/8 heads 667 -> 660 us, 64/8
-  //     1195 -> 1182 us (4 at a time: 678 and 1210 us);
-  //   64 rotated dims (4 units a head), 4 at a time: partial 32/32 NeoX 627 -> 604 us,
-  //     16/16 GPT-J 325 -> 319 us (2 at a time: 624 and 319 us).
+  // Small calls: one head per thread, for the most parallelism and the shortest chain (several
+  // heads per thread lengthen each thread's chain more than they save).
+  // Large calls: 4 heads per thread, so the cos/sin row is reused. How many of them have loads
+  // in flight at once: 2 for whole 128-dim heads (8+ units a head), whose loads are already
+  // wide, and 4 for 64 rotated dims (4 units a head); more measured slower in both cases.
   // Where one changes to the other: one head per thread while the call has fewer than 8 units
-  // (threads at one head each) for each thread the GPU holds at once. Measured on an H200
-  // against the previous limit (2 per resident thread), rotated inputs: 32/8 heads x 128 at 2048 tokens
-  // 12.2 -> 11.8 us, 4096 tokens 22.9 -> 22.0; 64/8 at 1024 tokens 11.25 -> 10.9; GPT-J 16/16 x
-  // 256 rot 64 at 6144 tokens 18.6 -> 16.3, 8192 tokens 21.8 -> 21.1. A limit of 16 was up to
-  // 2.5% faster still at 4096-12288 tokens with rotated inputs but not in an engine-like
-  // sequence (benchmarks/results/h200_launch_limits.txt).
+  // (threads at one head each) for each thread the GPU holds at once, so that a call fills the
+  // GPU before it trades parallelism for reuse; a higher limit gained nothing in an engine-like
+  // sequence (benchmarks/studies/results/h200_launch_limits.txt).
   const int64_t work = static_cast<int64_t>(p.num_tokens) * heads_total * units_per_head;
   const int64_t resident = static_cast<int64_t>(num_sms(t.device)) * 2048;
   const int64_t per_thread = work < 8 * resident ? 1 : 4;
@@ -397,12 +386,10 @@ int launch(const RotaryParams& p, const Target& t) {
 }
 
 // Vector width for this call: the widest the pointers and strides allow, except that a call
-// of 2048 to 6144 threads at 16-byte vectors runs with 8-byte vectors (twice the threads).
-// Measured on an H200 in CUDA graphs, bf16 q/k: 12 tokens of 32/8 heads x 128 1.52 -> 1.38 us,
-// 16 tokens 1.56 -> 1.49, 18 tokens 1.57 -> 1.54; 20-24 tokens of partial 32/32 (rot 64)
-// 1.55-1.59 -> 1.47-1.56 us; 16 tokens of 16/16 x 256 GPT-J (rot 64) 1.50 -> 1.21 us. Below
-// and above that range the narrower vectors were slower (1 token: 1.06 -> 1.16 us; 24 tokens
-// of 32/8, 7680 threads: 1.63 -> 1.80 us; 16 tokens of 64/8, 9216 threads: 1.66 -> 1.85).
+// of 2048 to 6144 threads at 16-byte vectors runs with 8-byte vectors (twice the threads):
+// twice the threads put more loads in flight at once. That is the range where it measured
+// faster; outside it the narrower accesses measured slower
+// (benchmarks/studies/results/h200_launch_limits.txt).
 template <typename T>
 int call_width(const RotaryParams& p) {
   const int v = vector_width(p);

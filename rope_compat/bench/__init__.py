@@ -6,8 +6,10 @@ and compiled) and other libraries' kernels, over model shapes and token counts.
     print(format_tables(result))
 
 On CUDA: bf16 q/k sliced from a fused qkv tensor, a float32 cache of 131072 rows, random
-int64 positions; device time per call from CUDA-graph replays, plus host wall time per call
-of an eager loop at 1 token. On the CPU: wall time per call.
+int64 positions, at every size enough input sets to exceed twice the L2; device time per call
+from CUDA-graph replays of 100 calls, plus host wall time per call of an eager loop at 1 token.
+On the CPU: wall time per call, two runs of many short batches. Every figure carries its
+minimum, median and maximum over repeats.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .report import format_tables, write_csv
 from .results import BenchRun, Result
 from .external import EXTERNALS
 from .shapes import CPU_TOKENS, GPU_TOKENS, MODEL_SHAPES, Shape, bytes_to_move, parse_shape
-from .timing import cpu_us, cuda_graph_us, eager_wall_us
+from .timing import CPU_DISAGREEMENT, Timing, cpu_us, cuda_graph_us, eager_wall_us
 
 __all__ = ["run", "format_tables", "write_csv", "plot", "BenchRun", "Result", "Shape", "MODEL_SHAPES",
            "bytes_to_move"]
@@ -48,8 +50,8 @@ def run(
     cache_dtype: torch.dtype = torch.float32,
     cache_rows: int = 131072,
     peers: Optional[Sequence[str]] = None,
-    calls_per_graph: int = 20,
-    max_sets: int = 200,
+    calls_per_graph: int = 100,
+    max_sets: Optional[int] = None,
     wall_calls: int = 200,
     target_s: float = 0.2,
     progress: bool = True,
@@ -60,6 +62,8 @@ def run(
     shapes: names from MODEL_SHAPES or 'Hq/HkxD[:rot][:neox|gptj]' specs (default: all models).
     tokens: token counts (default GPU_TOKENS on CUDA, CPU_TOKENS on the CPU).
     peers: names to compare with (default: all available; rope-compat is always timed).
+    max_sets: cap on the input sets cycled through (default None: as many as it takes to exceed
+        twice the L2 at every size; 1 times every call on the same, cache-warm inputs).
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = device == "cuda"
@@ -85,11 +89,19 @@ def run(
                 for peer in chosen:
                     bar.set_description(f"{shape.name} T={t} {peer.name}")
 
-                    def record(timing: str, us: float) -> None:
+                    def record(timing: str, tm: Timing) -> None:
+                        # The CPU's headline is the minimum: a shared host only ever slows a batch.
+                        us = tm.median if on_cuda else tm.min
                         result.rows.append(Result(
                             shape.name, shape.label, t, device, str(dtype).replace("torch.", ""),
                             str(cache_dtype).replace("torch.", ""), timing, peer.name, us, nbytes,
+                            tm.min, tm.median, tm.max,
                         ))
+                        if tm.disagreement is not None and tm.disagreement > CPU_DISAGREEMENT:
+                            result.warnings.append(
+                                f"{peer.name} at {shape.name} T={t}: two runs' medians differ by "
+                                f"{tm.disagreement:.0%} (> {CPU_DISAGREEMENT:.0%}); the host is busy, "
+                                "re-run for steadier figures")
 
                     try:
                         step = peer.make(inputs)

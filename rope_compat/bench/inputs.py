@@ -9,7 +9,7 @@ through them keeps small problems from being served out of L2 by the previous ca
 from __future__ import annotations
 
 import math
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 import torch
 
@@ -39,10 +39,12 @@ def rope_cache(rows: int, rot_dim: int, dtype: torch.dtype, device, base: float 
 
 
 def sets_needed(shape: Shape, tokens: int, dtype: torch.dtype, cache_dtype: torch.dtype,
-                spill_bytes: int, max_sets: int) -> int:
-    """Input sets whose bytes together exceed `spill_bytes` (e.g. twice L2), at most `max_sets`."""
+                spill_bytes: int, max_sets: Optional[int] = None) -> int:
+    """Input sets whose bytes together exceed `spill_bytes` (e.g. twice L2); `max_sets` caps
+    their count (None: no cap, so even one-token calls cannot find their inputs in L2)."""
     per_set = bytes_to_move(shape, tokens, dtype, cache_dtype)
-    return max(1, min(max_sets, math.ceil(spill_bytes / per_set)))
+    n = math.floor(spill_bytes / per_set) + 1
+    return max(1, n if max_sets is None else min(max_sets, n))
 
 
 def make_inputs(

@@ -18,6 +18,10 @@ class Result:
     impl: str
     us: float  # microseconds per call
     bytes: int  # bytes that must move (see shapes.bytes_to_move)
+    # Spread over repeats. `us` is the median on CUDA and the minimum on the CPU (see timing.py).
+    us_min: float = float("nan")
+    us_median: float = float("nan")
+    us_max: float = float("nan")
 
     @property
     def tbps(self) -> float:
@@ -29,3 +33,4 @@ class Result:
 class BenchRun:
     rows: List[Result] = field(default_factory=list)
     skipped: Dict[str, str] = field(default_factory=dict)  # peer -> why it is missing somewhere
+    warnings: List[str] = field(default_factory=list)  # e.g. CPU runs that disagree

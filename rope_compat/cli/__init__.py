@@ -72,10 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     bench.add_argument("--cache-dtype", choices=["bf16", "fp16", "fp32"], default="fp32")
     bench.add_argument("--cache-rows", type=_positive_int, default=131072)
-    bench.add_argument("--calls-per-graph", type=_positive_int, default=20)
-    bench.add_argument("--max-sets", type=_positive_int, default=200,
-                       help="most input sets to rotate through (default: enough to exceed twice the "
-                            "L2); 1 times every call on the same, L2-warm inputs")
+    bench.add_argument("--calls-per-graph", type=_positive_int, default=100,
+                       help="calls per CUDA graph (default 100: the cost of launching a graph "
+                            "spread over many calls)")
+    bench.add_argument("--max-sets", type=_positive_int, default=None,
+                       help="cap on the input sets to rotate through (default: no cap, enough to "
+                            "exceed twice the L2 at every size); 1 times every call on the same, "
+                            "L2-warm inputs")
     bench.add_argument("--target-s", type=float, default=0.2,
                        help="seconds of timed work per measurement (more: steadier figures)")
     bench.add_argument("--csv", metavar="PATH", help="write every measurement as CSV")

@@ -6,7 +6,7 @@ its result waits on that scoreboard ("waits N"). A wait between two loads means 
 issued only after the first has returned, whatever the source order says. Loads issued together
 often share a scoreboard, so a wait releases when all of them are back.
 
-Usage: python benchmarks/sass_waits.py BINARY FUNCTION_SUBSTRING
+Usage: python benchmarks/studies/sass_waits.py BINARY FUNCTION_SUBSTRING
   BINARY: a .cubin, an executable or the extension's .so; FUNCTION_SUBSTRING picks the kernels,
   e.g. 'rotary_kernelI13__nv_bfloat16fLi8ELi1E' (bf16 q/k, f32 cache, 8-element vectors, one
   head per thread). cuobjdump comes from $CUOBJDUMP, PATH, $CUDA_HOME/bin or triton's copy.

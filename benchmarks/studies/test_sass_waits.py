@@ -1,4 +1,4 @@
-"""benchmarks/sass_waits.py decodes the scoreboards of SASS instructions (no GPU needed).
+"""benchmarks/studies/sass_waits.py decodes the scoreboards of SASS instructions (no GPU needed).
 
 The sample is cuobjdump's output for four instructions of the CUDA kernel built for sm_90: the
 int64 and int32 position loads, which set scoreboards 5 and 2, the int32 path's sign extension,
@@ -30,7 +30,7 @@ SAMPLE = f"""
 
 @pytest.fixture(scope="module")
 def sass_waits():
-    spec = importlib.util.spec_from_file_location("sass_waits", os.path.join(HERE, "..", "benchmarks", "sass_waits.py"))
+    spec = importlib.util.spec_from_file_location("sass_waits", os.path.join(HERE, "sass_waits.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -14,7 +14,7 @@
 // sets that together exceed 256 MiB.
 // Results and what they mean: results/h200_partial_floor.txt.
 // Build and run on a CUDA machine (no torch needed):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/partial_floor benchmarks/partial_floor.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/partial_floor benchmarks/studies/partial_floor.cu
 //   /tmp/partial_floor [tokens,...]
 #include <cuda_runtime.h>
 

@@ -2,7 +2,7 @@
 //
 // For each shape and token count (bf16 q/k sliced from a fused qkv tensor, float32 cache of
 // 131072 rows, random int64 positions, CUDA-graph replays of 20 calls over input sets that
-// together exceed twice the L2, like `rope-compat bench`), it prints the kernel's time and:
+// together exceed twice the L2, at most 200), it prints the kernel's time and:
 //   pattern: a trivial in-place kernel (one thread per 16-byte chunk, load, store back) over
 //            exactly the rotated bytes of the same q/k views: what that access pattern allows
 //            a plain streaming kernel, before reading positions or cache rows (a kernel that
@@ -33,16 +33,17 @@
 // overlap one call's memory latency with the next call's start; in this sequence the kernel
 // follows a different kernel, as in a model.
 //
-// Build and run from the repository root on a CUDA machine (no torch needed):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/kernel_floors benchmarks/kernel_floors.cu
+// Build and run from the repository root on a CUDA machine (no torch needed). The kernel is
+// linked from its own source file and called through csrc/rotary_embedding.h, as the extension
+// calls it:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/kernel_floors benchmarks/studies/kernel_floors.cu \
+//       csrc/rotary_embedding_kernel.cu
 //   /tmp/kernel_floors [tokens,...] [shape substring|all] [1 = also time the floors, 2 = and bulk]
 //                      [input sets: 0 = enough to spill L2 (default), 1 = every call on the same inputs,
 //                       -1 = engine sequence]
-// ROPE_COMPAT_PDL=0 in the environment times the kernel without programmatic dependent launch.
-// The kernel is included relative to this file, so -I does not pick another one: to time a
-// variant, put a copy of this file and floors.cuh in DIR/bench/ and the variant's csrc/ files
-// in DIR/csrc/.
-#include "../csrc/rotary_embedding_kernel.cu"
+// ROPE_COMPAT_PDL=0 in the environment times the kernel (and the floors) without programmatic
+// dependent launch. To time a variant of the kernel, link its .cu file instead.
+#include "rotary_embedding.h"
 #include "floors.cuh"
 
 #include <algorithm>
@@ -54,6 +55,7 @@
 #include <vector>
 
 #include <cuda.h>
+#include <cuda_bf16.h>
 #include <cudaTypedefs.h>
 
 using namespace rope_compat;
@@ -112,11 +114,11 @@ __global__ void chain_dependent(const int64_t* pos, const float* cache, int64_t 
   if (v == 12345.f) *sink = v;  // a use of the loads that never stores in practice
 }
 
-// Launched as the kernel is (launch_pdl: small blocks for small calls, programmatic dependent
+// Launched as the kernel launches itself (small blocks for small calls, programmatic dependent
 // launch where the kernel uses it), on device 0.
 template <typename... Params, typename... Args>
 void launch_like_kernel(void (*kernel)(Params...), int64_t threads, cudaStream_t s, const Args&... args) {
-  CK(launch_pdl(kernel, threads, Target{s, 0}, args...));
+  CK(launch_dependent(kernel, threads, s, args...));
 }
 
 // The bulk pass: one thread per block walks tiles of `tb` tokens, `stages` boxes in flight. A box

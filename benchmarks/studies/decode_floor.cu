@@ -8,10 +8,10 @@
 // and without PDL, beside an empty kernel launched with PDL. A pass loads each chunk, flips a
 // bit and stores it back; none reads positions or the cache, which the kernel must also do.
 //
-// bf16 q/k sliced from a fused qkv tensor, 200 input sets in rotation (as `rope-compat bench`),
+// bf16 q/k sliced from a fused qkv tensor, 200 input sets in rotation,
 // timed with floors.cuh's time_graph (CUDA-graph replays of 20 calls, every input set in turn).
 // Build and run on a CUDA machine (no torch needed):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/decode_floor benchmarks/decode_floor.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/decode_floor benchmarks/studies/decode_floor.cu
 //   /tmp/decode_floor [tokens,...]
 #include <cuda_runtime.h>
 
@@ -27,11 +27,7 @@
 
 using Call = std::function<void(int, cudaStream_t)>;
 
-// As the kernel starts under PDL: let the next kernel launch, wait for the previous one.
-__device__ __forceinline__ void pdl_prologue() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
+// pdl_prologue (floors.cuh): as the kernel starts under PDL.
 
 // The rotated chunks: token t, head h (q heads then k heads), chunk c of `chunks` per head.
 struct Layout {

@@ -1,6 +1,8 @@
 // Shared by the standalone floor benchmarks (kernel_floors.cu, partial_floor.cu,
-// decode_floor.cu): the CUDA error check, the graph timing they all report, and the check that
-// an in-place test pass flipped exactly the bytes it should.
+// decode_floor.cu): the CUDA error check, the graph timing they all report, the check that
+// an in-place test pass flipped exactly the bytes it should, and a launch that copies the
+// kernel's own (csrc/rotary_embedding_kernel.cu, launch_pdl), so that the floors are launched
+// as the kernel is without reaching into its source.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CK(x)                                                                 \
@@ -80,4 +83,48 @@ inline int64_t wrong_flips(const std::vector<unsigned char>& before, const std::
     wrong += after[k] != (flipped ? before[k] ^ 1 : before[k]);
   }
   return wrong;
+}
+
+// What the kernel does first under programmatic dependent launch (PDL): let the next kernel
+// launch now, and wait for the previous one's writes.
+__device__ __forceinline__ void pdl_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+inline int num_sms(int dev) {
+  int n = 0;
+  CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+// PDL on sm_90 and newer unless ROPE_COMPAT_PDL=0, as the kernel decides.
+inline bool pdl_enabled(int dev) {
+  const char* env = std::getenv("ROPE_COMPAT_PDL");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  int major = 0;
+  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major >= 9;
+}
+
+// `threads` threads of `kernel` on device 0, launched as the kernel launches itself: blocks of
+// 256 threads, halved down to 64 while the grid would leave multiprocessors idle, with PDL.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), int64_t threads, cudaStream_t s, const Args&... args) {
+  static const int sms = num_sms(0);
+  static const bool pdl = pdl_enabled(0);
+  int block = 256;
+  while (block > 64 && (threads + block - 1) / block < sms) block /= 2;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((threads + block - 1) / block));
+  config.blockDim = dim3(block);
+  config.stream = s;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }
