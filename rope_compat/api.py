@@ -130,15 +130,12 @@ def apply_rope_with_cos_sin_cache_inplace(
     # newer: the kernel's prologue overlaps the previous kernel's tail). It changes timing
     # only, never results, and our kernel does not use it, so it is accepted and ignored.
     del enable_pdl
-    store_kv = None
     if fused_set_kv_buffer_arg is not None:
-        from .compat.sgl import kv_buffer_writer  # only this path needs it
+        from .compat.sgl import rope_and_store  # only this path needs it
 
-        # Checked before the rotation, so a bad argument leaves query and key untouched.
-        store_kv = kv_buffer_writer(fused_set_kv_buffer_arg, key, positions.numel(), head_size)
+        rope_and_store(fused_set_kv_buffer_arg, positions, query, key, head_size, cos_sin_cache, is_neox)
+        return
     rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
-    if store_kv is not None:
-        store_kv()
 
 
 def apply_rope_with_cos_sin_cache(
