@@ -20,10 +20,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <type_traits>
 
+#include "fused_kv_store.h"
 #include "rotary_embedding.h"
 
 namespace rope_compat {
@@ -71,6 +73,8 @@ const char* dtype_name(ScalarType t) {
     case ScalarType::Double: return "torch.float64";
     case ScalarType::Int: return "torch.int32";
     case ScalarType::Long: return "torch.int64";
+    case ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
+    case ScalarType::Float8_e5m2: return "torch.float8_e5m2";
     default: return "a non-float dtype";
   }
 }
@@ -137,9 +141,124 @@ std::optional<Failure> check_device(const char* name, const Tensor& t, const Ten
   return std::nullopt;
 }
 
+// The KV-cache store of rotary_embedding_set_kv: its tensors and scales (NaN: no scale).
+struct StoreArgs {
+  const Tensor* value;
+  const Tensor* k_buffer;
+  const Tensor* v_buffer;
+  const Tensor* cache_loc;
+  double k_scale, v_scale;
+  bool has_k_scale, has_v_scale;
+};
+
+std::optional<BufferDType> buffer_dtype(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return BufferDType::kFloat32;
+    case ScalarType::Half: return BufferDType::kFloat16;
+    case ScalarType::BFloat16: return BufferDType::kBFloat16;
+    case ScalarType::Double: return BufferDType::kFloat64;
+    case ScalarType::Float8_e4m3fn: return BufferDType::kFloat8E4M3;
+    case ScalarType::Float8_e5m2: return BufferDType::kFloat8E5M2;
+    default: return std::nullopt;
+  }
+}
+
+// Mirrors kv_store._buffer_layout: rows, row stride and head stride of a KV buffer.
+std::optional<Failure> buffer_layout(const char* name, const Tensor& buf, int64_t kv_heads, int64_t head_size,
+                                     int64_t& rows, int64_t& row_stride, int64_t& head_stride) {
+  const int64_t dim = buf.dim();
+  auto expected = [&] {
+    return fail(PyExc_ValueError, name, ": expected [rows, heads * head_size], [rows, heads, head_size] or "
+                "[pages, page_size, heads, head_size] with heads=", kv_heads, ", head_size=", head_size,
+                ", got shape ", shape_of(buf));
+  };
+  if (dim == 2) {
+    if (buf.size(1) != kv_heads * head_size) return expected();
+    rows = buf.size(0);
+    row_stride = buf.stride(0);
+    head_stride = head_size;
+  } else if (dim == 3 || dim == 4) {
+    if (buf.size(-1) != head_size || buf.size(-2) != kv_heads) return expected();
+    rows = dim == 3 ? buf.size(0) : buf.size(0) * buf.size(1);
+    if (dim == 4 && buf.size(0) > 1 && buf.stride(0) != buf.size(1) * buf.stride(1)) {
+      return fail(PyExc_ValueError, name, ": page stride ", buf.stride(0), " must be page_size * row stride = ",
+                  buf.size(1), " * ", buf.stride(1), " (pages viewed as one array of slots)");
+    }
+    row_stride = buf.stride(dim - 3);
+    head_stride = buf.stride(-2);
+  } else {
+    return expected();
+  }
+  if (buf.numel() > 0 && buf.stride(-1) != 1) {
+    return fail(PyExc_ValueError, name, ": last dim must be contiguous (stride 1), got stride ", buf.stride(-1));
+  }
+  return std::nullopt;
+}
+
+std::optional<Failure> check_scale(const char* name, bool has, double v) {
+  if (!has || (v > 0 && v != HUGE_VAL)) return std::nullopt;
+  char* repr = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, nullptr);
+  Failure f = fail(PyExc_ValueError, name, ": must be a positive finite float or None, got ",
+                   repr ? repr : "?");
+  PyMem_Free(repr);
+  return f;
+}
+
+// Mirrors kv_store.check_kv_store_args after the rotary checks; fills `sp`.
+std::optional<Failure> check_store(const StoreArgs& a, const Tensor& positions, const Tensor& key, int64_t head_size,
+                                   int64_t kv_heads, KvStoreParams& sp) {
+  RETURN_IF_FAILED(check_device("value", *a.value, positions));
+  RETURN_IF_FAILED(check_device("k_buffer", *a.k_buffer, positions));
+  RETURN_IF_FAILED(check_device("v_buffer", *a.v_buffer, positions));
+  RETURN_IF_FAILED(check_device("cache_loc", *a.cache_loc, positions));
+  if (a.value->scalar_type() != key.scalar_type()) {
+    return fail(PyExc_TypeError, "value: dtype ", dtype_name(a.value->scalar_type()), " must equal the key's dtype ",
+                dtype_name(key.scalar_type()));
+  }
+  Layout v{};
+  RETURN_IF_FAILED(heads_layout("value", *a.value, positions, head_size, v));
+  if (v.heads != kv_heads) return fail(PyExc_ValueError, "value: ", v.heads, " heads, the key has ", kv_heads);
+  const auto bdtype = buffer_dtype(a.k_buffer->scalar_type());
+  if (!bdtype) {
+    return fail(PyExc_TypeError, "k_buffer: expected dtype float32, float16, bfloat16, float64, float8_e4m3fn or "
+                "float8_e5m2, got ", dtype_name(a.k_buffer->scalar_type()));
+  }
+  if (a.v_buffer->scalar_type() != a.k_buffer->scalar_type()) {
+    return fail(PyExc_TypeError, "v_buffer: dtype ", dtype_name(a.v_buffer->scalar_type()),
+                " must equal k_buffer's dtype ", dtype_name(a.k_buffer->scalar_type()));
+  }
+  RETURN_IF_FAILED(buffer_layout("k_buffer", *a.k_buffer, kv_heads, head_size, sp.k_rows, sp.k_row_stride,
+                                 sp.k_head_stride));
+  RETURN_IF_FAILED(buffer_layout("v_buffer", *a.v_buffer, kv_heads, head_size, sp.v_rows, sp.v_row_stride,
+                                 sp.v_head_stride_buf));
+  const Tensor& loc = *a.cache_loc;
+  if (!is_index_dtype(loc.scalar_type())) {
+    return fail(PyExc_TypeError, "cache_loc: expected dtype int32 or int64, got ", dtype_name(loc.scalar_type()));
+  }
+  if (loc.numel() != positions.numel() || !loc.is_contiguous()) {
+    return fail(PyExc_ValueError, "cache_loc: expected a contiguous tensor of ", positions.numel(),
+                " elements (one buffer row per token), got shape ", shape_of(loc));
+  }
+  RETURN_IF_FAILED(check_scale("k_scale", a.has_k_scale, a.k_scale));
+  RETURN_IF_FAILED(check_scale("v_scale", a.has_v_scale, a.v_scale));
+  sp.value = a.value->const_data_ptr();
+  sp.k_buffer = a.k_buffer->data_ptr();
+  sp.v_buffer = a.v_buffer->data_ptr();
+  sp.cache_loc = loc.const_data_ptr();
+  sp.v_batch_stride = v.batch_stride;
+  sp.v_token_stride = v.token_stride;
+  sp.v_head_stride = v.head_stride;
+  sp.head_size = static_cast<int32_t>(head_size);
+  sp.k_scale = a.has_k_scale ? static_cast<float>(a.k_scale) : 1.f;
+  sp.v_scale = a.has_v_scale ? static_cast<float>(a.v_scale) : 1.f;
+  sp.buffer_dtype = *bdtype;
+  sp.loc_int64 = loc.scalar_type() == ScalarType::Long;
+  return std::nullopt;
+}
+
 std::optional<Failure> run(const Tensor& positions, const Tensor& query, const Tensor* key,
          int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
-         const Tensor* offsets) {
+         const Tensor* offsets, const StoreArgs* store = nullptr) {
   if (!is_index_dtype(positions.scalar_type())) {
     return fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
   }
@@ -205,6 +324,8 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
            " elements (one per token), got shape ", shape_of(*offsets));
     }
   }
+  KvStoreParams sp{};
+  if (store) RETURN_IF_FAILED(check_store(*store, positions, *key, head_size, k.heads, sp));
   if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
     return fail(PyExc_ValueError, "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
   }
@@ -242,7 +363,7 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
   std::optional<c10::cuda::CUDAGuard> guard;
   if (device != c10::cuda::current_device()) guard.emplace(positions.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const int err = launch_rotary_embedding(p, stream, device);
+  const int err = store ? launch_rotary_set_kv(p, sp, stream, device) : launch_rotary_embedding(p, stream, device);
   if (err != 0) {
     return Failure{PyExc_RuntimeError, std::string("rope_compat: CUDA kernel launch failed: ") +
                                        cudaGetErrorString(static_cast<cudaError_t>(err))};
@@ -358,6 +479,42 @@ PyObject* batched_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+bool optional_float_arg(PyObject* o, const char* name, bool* has, double* out) {
+  *has = o != Py_None;
+  if (!*has) return true;
+  if (PyFloat_Check(o) || PyLong_Check(o)) {
+    *out = PyFloat_AsDouble(o);
+    if (!(*out == -1.0 && PyErr_Occurred())) return true;
+    PyErr_Clear();
+  }
+  PyErr_Format(PyExc_TypeError, "%s: expected a float or None, got %s", name, Py_TYPE(o)->tp_name);
+  return false;
+}
+
+// set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+//               cache_loc, k_scale=None, v_scale=None, rope_dim_offset=0)
+PyObject* set_kv_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  const Tensor *positions, *query, *key, *cache;
+  int64_t head_size, rope_dim_offset = 0;
+  bool is_neox;
+  StoreArgs st{};
+  if (!count_args("rotary_embedding_set_kv", nargs, 10, 13) || !tensor_arg(args[0], "positions", &positions) ||
+      !tensor_arg(args[1], "query", &query) || !tensor_arg(args[2], "key", &key) ||
+      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
+      !bool_arg(args[5], "is_neox", &is_neox) || !tensor_arg(args[6], "value", &st.value) ||
+      !tensor_arg(args[7], "k_buffer", &st.k_buffer) || !tensor_arg(args[8], "v_buffer", &st.v_buffer) ||
+      !tensor_arg(args[9], "cache_loc", &st.cache_loc) ||
+      (nargs > 10 && !optional_float_arg(args[10], "k_scale", &st.has_k_scale, &st.k_scale)) ||
+      (nargs > 11 && !optional_float_arg(args[11], "v_scale", &st.has_v_scale, &st.v_scale)) ||
+      (nargs > 12 && !int_arg(args[12], "rope_dim_offset", &rope_dim_offset))) {
+    return nullptr;
+  }
+  if (auto f = run(*positions, *query, key, head_size, *cache, is_neox, rope_dim_offset, false, nullptr, &st)) {
+    return raise(*f);
+  }
+  Py_RETURN_NONE;
+}
+
 // The public entry point, bound as rope_compat.rotary_embedding when this module loads.
 // A positional call whose tensors are plain CUDA tensors, with no dispatch mode active, goes
 // straight to the launch: no Python frame at all. Every other call (CPU tensors, keywords,
@@ -409,6 +566,10 @@ PyMethodDef methods[] = {
     {"batched_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(batched_launch)), METH_FASTCALL,
      "batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)\n"
      "vLLM's former multi-LoRA op: rows offsets[t] + positions[t]."},
+    {"set_kv_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_kv_launch)), METH_FASTCALL,
+     "set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer, cache_loc,\n"
+     "k_scale=None, v_scale=None, rope_dim_offset=0)\n"
+     "Rotate query and key and store the key and value at rows cache_loc of k_buffer/v_buffer, in one launch."},
     {"set_fallback", set_fallback, METH_O, "set_fallback(fn): where rotary_embedding sends the calls it does not launch."},
     {"new_entry", new_entry, METH_O, "new_entry(tag): a distinct function object for rotary_embedding, bound to tag."},
     {nullptr, nullptr, 0, nullptr}};

@@ -14,6 +14,7 @@ from .api import (
     batched_rotary_embedding,
     positions_from_offsets,
     rotary_embedding,
+    rotary_embedding_set_kv,
 )
 from .ops.extension import backend_for, has_cuda_kernel
 from .rope import MRotaryEmbedding, RotaryEmbedding, compute_cos_sin_cache, get_rope
@@ -45,4 +46,5 @@ __all__ = [
     "install_vllm_alias",
     "uninstall_vllm_alias",
     "FusedSetKVBufferArg",
+    "rotary_embedding_set_kv",
 ]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
+from .ops.library import rotary_embedding_set_kv_op
 
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
     from .compat.sgl import FusedSetKVBufferArg
@@ -130,15 +131,41 @@ def apply_rope_with_cos_sin_cache_inplace(
     # newer: the kernel's prologue overlaps the previous kernel's tail). It changes timing
     # only, never results, and our kernel does not use it, so it is accepted and ignored.
     del enable_pdl
-    store_kv = None
     if fused_set_kv_buffer_arg is not None:
-        from .compat.sgl import kv_buffer_writer  # only this path needs it
+        from .compat.sgl import rope_and_store  # only this path needs it
 
-        # Checked before the rotation, so a bad argument leaves query and key untouched.
-        store_kv = kv_buffer_writer(fused_set_kv_buffer_arg, key, positions.numel(), head_size)
+        rope_and_store(fused_set_kv_buffer_arg, positions, query, key, head_size, cos_sin_cache, is_neox)
+        return
     rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
-    if store_kv is not None:
-        store_kv()
+
+
+def rotary_embedding_set_kv(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    value: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    cache_loc: torch.Tensor,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    rope_dim_offset: int = 0,
+) -> None:
+    """`rotary_embedding`, then token t's rotated key and value stored at row `cache_loc[t]`
+    of `k_buffer` / `v_buffer` (one CUDA launch; rope_compat/ops/kv_store.py has the rules).
+
+    Buffers: `[rows, heads * head_size]`, `[rows, heads, head_size]` or pages `[pages,
+    page_size, heads, head_size]` (`cache_loc` the slot index), any float dtype including
+    float8; stored = key / k_scale (value / v_scale) rounded once. `cache_loc` rows outside
+    the buffer (-1 included) are not stored.
+    """
+    rotary_embedding_set_kv_op(
+        positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, rope_dim_offset,
+    )
 
 
 def apply_rope_with_cos_sin_cache(

@@ -83,11 +83,11 @@ def test_accepts_sgl_kernel_style_objects_without_scales(device):
 
 def _bad(arg: FusedSetKVBufferArg, what: str) -> FusedSetKVBufferArg:
     if what == "k_scale":
-        arg.k_scale = 0.5
+        arg.k_scale = -0.5
     elif what == "v_scale":
-        arg.v_scale = 2.0
+        arg.v_scale = 0.0
     elif what == "cache_loc_dtype":
-        arg.cache_loc = arg.cache_loc.int()
+        arg.cache_loc = arg.cache_loc.float()
     elif what == "cache_loc_length":
         arg.cache_loc = arg.cache_loc[:-1]
     elif what == "buffer_dtype":
@@ -112,18 +112,18 @@ def _bad(arg: FusedSetKVBufferArg, what: str) -> FusedSetKVBufferArg:
 @pytest.mark.parametrize(
     "what, exc, match",
     [
-        ("k_scale", ValueError, "k_scale"),
-        ("v_scale", ValueError, "v_scale"),
-        ("cache_loc_dtype", ValueError, "cache_loc"),
+        ("k_scale", ValueError, "k_scale: must be a positive"),
+        ("v_scale", ValueError, "v_scale: must be a positive"),
+        ("cache_loc_dtype", TypeError, "cache_loc: expected dtype int32 or int64"),
         ("cache_loc_length", ValueError, "cache_loc"),
         ("buffer_dtype", TypeError, "k_buffer"),
         ("buffer_heads", ValueError, "v_buffer"),
         ("buffer_width", ValueError, "k_buffer"),
-        ("value_rows", ValueError, "value: 10 rows, expected one per token"),
+        ("value_rows", ValueError, r"value: leading dims \(10,\) must match positions.shape \(11,\)"),
         ("value_dtype", TypeError, "value: dtype torch.float64"),
         ("value_1d", ValueError, "value: expected"),
-        ("value_device", ValueError, "value: on meta"),
-        ("cache_loc_device", ValueError, "cache_loc: on meta"),
+        ("value_device", ValueError, "value: on device meta"),
+        ("cache_loc_device", ValueError, "cache_loc: on device meta"),
     ],
 )
 def test_bad_buffer_arguments_raise_before_anything_is_written(what, exc, match):

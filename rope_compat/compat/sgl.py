@@ -1,18 +1,20 @@
-"""sgl-kernel's fused KV-cache write, done after the rotation with Torch ops.
+"""sgl-kernel's fused KV-cache write: `FusedSetKVBufferArg` and the call that serves it.
 
 sgl-kernel's `apply_rope_with_cos_sin_cache_inplace` can, in the same kernel, store the
 rotated key and the value of each token in the paged KV cache: token i goes to row
 `cache_loc[i]` of `k_buffer` and `v_buffer`, every head and every dim of it (the
-pass-through dims of a partial rotation included). Here that is two `index_copy_` calls
-after the rotation, the rotated key read back from `key`.
+pass-through dims of a partial rotation included). Here that is the registered op
+`rotary_embedding_set_kv` (one kernel launch on CUDA), which also takes k_scale/v_scale.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
+
+from ..ops.library import rotary_embedding_set_kv_op
 
 
 @dataclass
@@ -34,64 +36,32 @@ class FusedSetKVBufferArg:
     cache_loc: torch.Tensor
 
 
-def _heads_view(name: str, x: torch.Tensor, head_size: int) -> torch.Tensor:
-    """`x` viewed as `[rows, heads, head_size]` without a copy, as sgl-kernel views it."""
-    flat_ok = x.dim() == 2 and x.shape[-1] % head_size == 0
-    if not (flat_ok or (x.dim() == 3 and x.shape[-1] == head_size)):
-        raise ValueError(
-            f"fused_set_kv_buffer_arg.{name}: expected [rows, heads * {head_size}] or "
-            f"[rows, heads, {head_size}], got shape {tuple(x.shape)}"
-        )
-    return x.view(x.shape[0], -1, head_size)
+def rope_and_store(
+    arg: "FusedSetKVBufferArg",
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """Rotate `query`/`key` and store the key and `arg.value` at rows `arg.cache_loc`: one op.
 
-
-def kv_buffer_writer(
-    arg: FusedSetKVBufferArg, key: Optional[torch.Tensor], num_tokens: int, head_size: int
-) -> Callable[[], None]:
-    """Check `arg` now; return the function that stores `key` and `arg.value` once rotated.
-
-    `arg` may be any object with the dataclass's fields (sgl-kernel's own instances work;
-    missing k_scale/v_scale count as None).
+    `arg` may be any object with the dataclass's fields (sgl-kernel's and SGLang's instances
+    work; missing k_scale/v_scale count as None). Every check runs before anything is written.
+    Wider than sgl-kernel: buffers of any float dtype (float8 included), also as pages
+    `[pages, page_size, heads, head_size]`; k_scale/v_scale (stored = key / k_scale, rounded
+    once); int32 or int64 cache_loc; rows outside the buffer (-1 included) are not stored.
     """
     if key is None:
         raise ValueError("key: required when fused_set_kv_buffer_arg is given")
-    for name in ("k_scale", "v_scale"):
-        if getattr(arg, name, None) is not None:
-            raise ValueError(
-                f"fused_set_kv_buffer_arg.{name}: scaled KV-cache writes are not supported "
-                "(nor by sgl-kernel); pass None"
-            )
-    loc = arg.cache_loc
-    if loc.dtype != torch.int64 or loc.dim() != 1 or loc.numel() != num_tokens:
-        raise ValueError(
-            f"fused_set_kv_buffer_arg.cache_loc: expected int64 [{num_tokens}] (one row per "
-            f"token), got {loc.dtype} {tuple(loc.shape)}"
-        )
-    if loc.device != key.device:
-        raise ValueError(f"fused_set_kv_buffer_arg.cache_loc: on {loc.device}, key is on {key.device}")
-    value = _heads_view("value", arg.value, head_size)
-    k_buffer = _heads_view("k_buffer", arg.k_buffer, head_size)
-    v_buffer = _heads_view("v_buffer", arg.v_buffer, head_size)
-    kv_heads = key.numel() // max(num_tokens * head_size, 1)
-    for name, t in (("value", value), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
-        if t.dtype != key.dtype:
-            raise TypeError(
-                f"fused_set_kv_buffer_arg.{name}: dtype {t.dtype} must equal the key's dtype "
-                f"{key.dtype} (sgl-kernel stores without a cast)"
-            )
-        if t.device != key.device:
-            raise ValueError(f"fused_set_kv_buffer_arg.{name}: on {t.device}, key is on {key.device}")
-        if t.shape[1] != kv_heads:
-            raise ValueError(
-                f"fused_set_kv_buffer_arg.{name}: {t.shape[1]} heads, the key has {kv_heads}"
-            )
-    if value.shape[0] != num_tokens:
-        raise ValueError(
-            f"fused_set_kv_buffer_arg.value: {value.shape[0]} rows, expected one per token ({num_tokens})"
-        )
+    rotary_embedding_set_kv_op(
+        positions, query, key, head_size, cos_sin_cache, is_neox, arg.value, arg.k_buffer,
+        arg.v_buffer, arg.cache_loc, _scale(getattr(arg, "k_scale", None)),
+        _scale(getattr(arg, "v_scale", None)),
+    )
 
-    def store() -> None:
-        k_buffer.index_copy_(0, loc, key.reshape(num_tokens, kv_heads, head_size))
-        v_buffer.index_copy_(0, loc, value)
 
-    return store
+def _scale(s) -> Optional[float]:
+    """A scale as a float (SGLang passes floats; a one-element tensor would cost a sync)."""
+    return None if s is None else float(s)

@@ -17,3 +17,5 @@ def register(lib: torch.library.Library, module: ModuleType) -> None:
     # can be the kernels themselves: no Python frame between the dispatcher and the launch.
     lib.impl("rotary_embedding", module.launch, "CUDA")
     lib.impl("batched_rotary_embedding", module.batched_launch, "CUDA")
+    if hasattr(module, "set_kv_launch"):
+        lib.impl("rotary_embedding_set_kv", module.set_kv_launch, "CUDA")

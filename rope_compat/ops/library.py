@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from . import torch_impl
+from . import kv_store, torch_impl
 from .checks import check_rotary_args
 
 NAMESPACE = "rope_compat"
@@ -32,6 +32,14 @@ BATCHED_SCHEMA = (
 lib = torch.library.Library(NAMESPACE, "DEF")
 lib.define(ROTARY_SCHEMA)
 lib.define(BATCHED_SCHEMA)
+# Rope, then token t's rotated key and value stored at row cache_loc[t] of k_buffer/v_buffer
+# (ops/kv_store.py); the CUDA kernel does both in one launch.
+SET_KV_SCHEMA = (
+    "rotary_embedding_set_kv(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
+    "Tensor cos_sin_cache, bool is_neox, Tensor value, Tensor(c!) k_buffer, Tensor(d!) v_buffer, "
+    "Tensor cache_loc, float? k_scale=None, float? v_scale=None, int rope_dim_offset=0) -> ()"
+)
+lib.define(SET_KV_SCHEMA)
 
 
 def _check_batched_rot_dim(rot_dim: int, cos_sin_cache: torch.Tensor) -> None:
@@ -91,5 +99,24 @@ def _batched_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rot_
     )
 
 
+@torch.library.impl(lib, "rotary_embedding_set_kv", "CompositeExplicitAutograd")
+def _set_kv_torch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+                  cache_loc, k_scale=None, v_scale=None, rope_dim_offset=0):
+    kv_store.rotary_embedding_set_kv(
+        positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, rope_dim_offset,
+    )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rotary_embedding_set_kv", lib=lib)
+def _set_kv_fake(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+                 cache_loc, k_scale=None, v_scale=None, rope_dim_offset=0):
+    kv_store.check_kv_store_args(
+        positions, query, key, head_size, cos_sin_cache, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, rope_dim_offset,
+    )
+
+
+rotary_embedding_set_kv_op = torch.ops.rope_compat.rotary_embedding_set_kv.default
 rotary_embedding_op = torch.ops.rope_compat.rotary_embedding.default
 batched_rotary_embedding_op = torch.ops.rope_compat.batched_rotary_embedding.default

@@ -1,0 +1,383 @@
+// The CUDA kernel behind rope_compat::rotary_embedding_set_kv: rope plus the KV-cache store in
+// one launch.
+//
+// Work units of a token, one thread each, V elements per access:
+//   rotation units   (q heads, then k heads) x (rot_dim / 2 / V): two vectors of one head are
+//                    rotated in registers and stored back; for a k head the same registers
+//                    are also stored to row cache_loc[t] of k_buffer (converted, / k_scale);
+//   pass-through units  k heads x ((head_size - rot_dim) / V): the unrotated dims of the key,
+//                    copied to k_buffer;
+//   value units      k heads x (head_size / V): the value copied to v_buffer (/ v_scale).
+// So the rotated key is never read back from memory, and every byte moves once. Neighbouring
+// threads take neighbouring vectors of a head, so each warp access is contiguous.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "fused_kv_store.h"
+
+namespace rope_compat {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int kMinBlock = 64;
+
+// Division by a launch-time constant with a multiply and a shift (valid for n < 2^31).
+struct FastDiv {
+  uint32_t d, mul, shift;
+  explicit FastDiv(uint32_t divisor = 1) : d(divisor), shift(0) {
+    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
+    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
+};
+
+struct SetKvLaunch {
+  FastDiv units_per_token, rot_units_per_head, pass_units_per_head, value_units_per_head, seq_len;
+  int32_t rot_units, pass_units;  // per token: rotation units, then pass-through units
+  int32_t token_begin, token_end;
+};
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
+  T v[N];
+};
+
+// float8 buffer elements, as their bits.
+struct E4M3 {
+  uint8_t bits;
+};
+struct E5M2 {
+  uint8_t bits;
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(double x) { return static_cast<float>(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Rounded once, to nearest even; float8 without saturation (out of range: NaN for e4m3,
+// infinity for e5m2), as torch's conversion.
+template <typename B>
+__device__ __forceinline__ B convert(float x);
+template <>
+__device__ __forceinline__ float convert<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ double convert<double>(float x) { return static_cast<double>(x); }
+template <>
+__device__ __forceinline__ __half convert<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 convert<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ E4M3 convert<E4M3>(float x) {
+  return E4M3{static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3))};
+}
+template <>
+__device__ __forceinline__ E5M2 convert<E5M2>(float x) {
+  return E5M2{static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2))};
+}
+
+__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
+// q/k/v are touched once: streaming loads and stores keep them from displacing the cos/sin rows.
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_stream(const T* ptr) {
+  if constexpr (sizeof(Vec<T, V>) == 16) {
+    const int4 raw = __ldcs(reinterpret_cast<const int4*>(ptr));
+    return *reinterpret_cast<const Vec<T, V>*>(&raw);
+  } else {
+    return *reinterpret_cast<const Vec<T, V>*>(ptr);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_stream(T* ptr, const Vec<T, V>& v) {
+  if constexpr (sizeof(Vec<T, V>) == 16) {
+    __stcs(reinterpret_cast<int4*>(ptr), *reinterpret_cast<const int4*>(&v));
+  } else {
+    *reinterpret_cast<Vec<T, V>*>(ptr) = v;
+  }
+}
+
+// Stores x / scale, converted to the buffer type. Without a scale (1) no division is done:
+// x / 1 is x exactly, and the branch is the same for the whole launch.
+template <typename B, typename T, int V>
+__device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scale) {
+  Vec<B, V> out;
+  if (scale == 1.f) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = convert<B>(to_float(x.v[i]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out.v[i] = convert<B>(to_float(x.v[i]) / scale);
+  }
+  *reinterpret_cast<Vec<B, V>*>(dst) = out;
+}
+
+// cos and sin of pairs [idx, idx + V) of a cache row, as floats; the cache dtype is a launch
+// constant, so the branch is uniform.
+template <typename CT, int V>
+__device__ __forceinline__ void load_cs_typed(const void* cache, int64_t offset, int32_t half, float (&c)[V],
+                                              float (&sn)[V]) {
+  const CT* row = static_cast<const CT*>(cache) + offset;
+  const Vec<CT, V> cv = *reinterpret_cast<const Vec<CT, V>*>(row);
+  const Vec<CT, V> sv = *reinterpret_cast<const Vec<CT, V>*>(row + half);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    c[i] = to_float(cv.v[i]);
+    sn[i] = to_float(sv.v[i]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_cs(const RotaryParams& p, int64_t offset, int32_t half, float (&c)[V],
+                                        float (&sn)[V]) {
+  switch (p.cache_dtype) {
+    case DType::kFloat32: load_cs_typed<float, V>(p.cache, offset, half, c, sn); break;
+    case DType::kFloat16: load_cs_typed<__half, V>(p.cache, offset, half, c, sn); break;
+    case DType::kBFloat16: load_cs_typed<__nv_bfloat16, V>(p.cache, offset, half, c, sn); break;
+    case DType::kFloat64: load_cs_typed<double, V>(p.cache, offset, half, c, sn); break;
+  }
+}
+
+__device__ __forceinline__ void pdl_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename T, typename B, int V>
+__global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, const KvStoreParams s,
+                                                        const SetKvLaunch l) {
+  const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^31: the host splits launches
+  const uint32_t local_token = l.units_per_token.div(unit);
+  const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
+  if (token >= l.token_end) return;
+  const int32_t r = static_cast<int32_t>(unit - local_token * l.units_per_token.d);
+  pdl_prologue();
+
+  const int64_t loc = load_index(s.cache_loc, s.loc_int64, token);
+  const int32_t b = static_cast<int32_t>(l.seq_len.div(token));
+  const int32_t t = token - b * p.seq_len;
+  T* const k_tok = static_cast<T*>(p.key) + b * p.k_batch_stride + t * p.k_token_stride;
+
+  if (r < l.rot_units) {
+    int64_t row = load_index(p.positions, p.positions_int64, token);
+    const int32_t h = static_cast<int32_t>(l.rot_units_per_head.div(r));
+    const int32_t j = r - h * static_cast<int32_t>(l.rot_units_per_head.d);
+    const bool is_key = h >= p.num_heads;
+    T* const head = is_key ? k_tok + (h - p.num_heads) * p.k_head_stride
+                           : static_cast<T*>(p.query) + b * p.q_batch_stride + t * p.q_token_stride +
+                                 h * p.q_head_stride;
+    const int32_t half = p.rot_dim / 2;
+    // NeoX pairs (i, i + half): vector j of each half. GPT-J pairs (2i, 2i + 1): vectors 2j, 2j + 1.
+    const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
+    const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
+    Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+    // A position outside the cache leaves the token unrotated (as the rotary kernel does);
+    // its key is still stored as it is.
+    if (row >= 0 && row < p.cache_rows) {
+      float c[V], sn[V];
+      load_cs<V>(p, row * p.cache_row_stride + j * V, half, c, sn);
+      if (p.inverse) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) sn[i] = -sn[i];
+      }
+      T run[2 * V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) run[i] = x.v[i], run[V + i] = y.v[i];
+      if (p.is_neox) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float fa = to_float(run[i]), fb = to_float(run[V + i]);
+          run[i] = convert<T>(fa * c[i] - fb * sn[i]);
+          run[V + i] = convert<T>(fb * c[i] + fa * sn[i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float fa = to_float(run[2 * i]), fb = to_float(run[2 * i + 1]);
+          run[2 * i] = convert<T>(fa * c[i] - fb * sn[i]);
+          run[2 * i + 1] = convert<T>(fb * c[i] + fa * sn[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) x.v[i] = run[i], y.v[i] = run[V + i];
+      store_stream<T, V>(head + e1, x);
+      store_stream<T, V>(head + e2, y);
+    }
+    if (is_key && loc >= 0 && loc < s.k_rows) {
+      B* const dst = static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + (h - p.num_heads) * s.k_head_stride;
+      store_row<B, T, V>(dst + e1, x, s.k_scale);
+      store_row<B, T, V>(dst + e2, y, s.k_scale);
+    }
+    return;
+  }
+  if (r < l.rot_units + l.pass_units) {  // a pass-through vector of the key
+    if (loc < 0 || loc >= s.k_rows) return;
+    const int32_t u = r - l.rot_units;
+    const int32_t h = static_cast<int32_t>(l.pass_units_per_head.div(u));
+    int32_t e = (u - h * static_cast<int32_t>(l.pass_units_per_head.d)) * V;
+    if (e >= p.rope_dim_offset) e += p.rot_dim;
+    const Vec<T, V> x = load_stream<T, V>(k_tok + h * p.k_head_stride + e);
+    store_row<B, T, V>(static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + h * s.k_head_stride + e, x, s.k_scale);
+    return;
+  }
+  if (loc < 0 || loc >= s.v_rows) return;  // a vector of the value
+  const int32_t u = r - l.rot_units - l.pass_units;
+  const int32_t h = static_cast<int32_t>(l.value_units_per_head.div(u));
+  const int32_t e = (u - h * static_cast<int32_t>(l.value_units_per_head.d)) * V;
+  const T* const v_head = static_cast<const T*>(s.value) + b * s.v_batch_stride + t * s.v_token_stride +
+                          h * s.v_head_stride;
+  const Vec<T, V> x = load_stream<T, V>(v_head + e);
+  store_row<B, T, V>(static_cast<B*>(s.v_buffer) + loc * s.v_row_stride + h * s.v_head_stride_buf + e, x,
+                     s.v_scale);
+}
+
+constexpr int kMaxDevices = 64;
+
+int num_sms(int dev) {
+  static int cached[kMaxDevices] = {0};
+  if (dev < 0 || dev >= kMaxDevices) dev = 0;
+  if (cached[dev] == 0) {
+    int n = 0;
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    cached[dev] = n > 0 ? n : 132;
+  }
+  return cached[dev];
+}
+
+// Programmatic dependent launch on Hopper and newer, as the rotary kernel (ROPE_COMPAT_PDL=0
+// turns it off): the kernel waits for the previous grid before it reads anything.
+bool use_pdl(int dev) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ROPE_COMPAT_PDL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  if (!enabled || dev < 0 || dev >= kMaxDevices) return false;
+  static int cached[kMaxDevices] = {0};  // 0 unknown, 1 yes, 2 no
+  if (cached[dev] == 0) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cached[dev] = major >= 9 ? 1 : 2;
+  }
+  return cached[dev] == 1;
+}
+
+template <typename T, typename B, int V>
+int launch(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, int device) {
+  const int32_t rot_per_head = p.rot_dim / 2 / V;
+  const int32_t pass_per_head = (s.head_size - p.rot_dim) / V;
+  const int32_t value_per_head = s.head_size / V;
+  SetKvLaunch l;
+  l.rot_units = (p.num_heads + p.num_kv_heads) * rot_per_head;
+  l.pass_units = p.num_kv_heads * pass_per_head;
+  const int64_t per_token = static_cast<int64_t>(l.rot_units) + l.pass_units +
+                            static_cast<int64_t>(p.num_kv_heads) * value_per_head;
+  l.units_per_token = FastDiv(static_cast<uint32_t>(per_token));
+  l.rot_units_per_head = FastDiv(static_cast<uint32_t>(rot_per_head));
+  l.pass_units_per_head = FastDiv(static_cast<uint32_t>(std::max(pass_per_head, 1)));
+  l.value_units_per_head = FastDiv(static_cast<uint32_t>(value_per_head));
+  l.seq_len = FastDiv(static_cast<uint32_t>(p.seq_len));
+  const int64_t tokens_per_launch = std::max<int64_t>(((int64_t{1} << 31) - kBlock) / per_token, 1);
+  for (int64_t begin = 0; begin < p.num_tokens; begin += tokens_per_launch) {
+    l.token_begin = static_cast<int32_t>(begin);
+    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
+    const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * per_token;
+    // Smaller blocks while that leaves multiprocessors idle: a decode-sized call spreads
+    // its loads over more SMs.
+    int block = kBlock;
+    while (block > kMinBlock && (threads + block - 1) / block < num_sms(device)) block /= 2;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>((threads + block - 1) / block));
+    config.blockDim = dim3(block);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = use_pdl(device) ? 1 : 0;
+    const cudaError_t err = cudaLaunchKernelEx(&config, set_kv_kernel<T, B, V>, p, s, l);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  return 0;
+}
+
+int element_size(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    default: return 2;
+  }
+}
+
+int buffer_element_size(BufferDType t) {
+  switch (t) {
+    case BufferDType::kFloat32: return 4;
+    case BufferDType::kFloat64: return 8;
+    case BufferDType::kFloat16:
+    case BufferDType::kBFloat16: return 2;
+    default: return 1;
+  }
+}
+
+bool aligned(const void* ptr, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
+}
+
+// Whether the store side (value, buffers, pass-through dims) allows vectors of v elements; the
+// rotation side is vector_width()'s.
+bool store_allows(const RotaryParams& p, const KvStoreParams& s, int v) {
+  const int64_t a = static_cast<int64_t>(v) * element_size(p.dtype);
+  const int64_t ba = static_cast<int64_t>(v) * buffer_element_size(s.buffer_dtype);
+  const int64_t bes = buffer_element_size(s.buffer_dtype), es = element_size(p.dtype);
+  return s.head_size % v == 0 && p.rot_dim % v == 0 && aligned(s.value, a) && (s.v_batch_stride * es) % a == 0 &&
+         (s.v_token_stride * es) % a == 0 && (s.v_head_stride * es) % a == 0 && aligned(s.k_buffer, ba) &&
+         aligned(s.v_buffer, ba) && (s.k_row_stride * bes) % ba == 0 && (s.k_head_stride * bes) % ba == 0 &&
+         (s.v_row_stride * bes) % ba == 0 && (s.v_head_stride_buf * bes) % ba == 0;
+}
+
+template <typename T, typename B>
+int dispatch_width(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, int device) {
+  // Two widths only, to keep the number of kernels small: 16-byte q/k/v vectors, or scalars
+  // for heads and strides that do not allow them.
+  constexpr int kWide = 16 / sizeof(T);
+  if (vector_width(p) >= kWide && store_allows(p, s, kWide)) return launch<T, B, kWide>(p, s, stream, device);
+  return launch<T, B, 1>(p, s, stream, device);
+}
+
+template <typename T>
+int dispatch_buffer(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, int device) {
+  switch (s.buffer_dtype) {
+    case BufferDType::kFloat32: return dispatch_width<T, float>(p, s, stream, device);
+    case BufferDType::kFloat16: return dispatch_width<T, __half>(p, s, stream, device);
+    case BufferDType::kBFloat16: return dispatch_width<T, __nv_bfloat16>(p, s, stream, device);
+    case BufferDType::kFloat64: return dispatch_width<T, double>(p, s, stream, device);
+    case BufferDType::kFloat8E4M3: return dispatch_width<T, E4M3>(p, s, stream, device);
+    case BufferDType::kFloat8E5M2: return dispatch_width<T, E5M2>(p, s, stream, device);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace
+
+int launch_rotary_set_kv(const RotaryParams& p, const KvStoreParams& s, void* stream, int device) {
+  if (p.num_tokens == 0 || p.key == nullptr) return 0;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (p.dtype) {
+    case DType::kFloat32: return dispatch_buffer<float>(p, s, st, device);
+    case DType::kFloat16: return dispatch_buffer<__half>(p, s, st, device);
+    case DType::kBFloat16: return dispatch_buffer<__nv_bfloat16>(p, s, st, device);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+}  // namespace rope_compat
