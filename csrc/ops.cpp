@@ -59,11 +59,13 @@ Failure fail(PyObject* type, const Args&... args) {
     if (auto f_ = (expr)) return f_;    \
   } while (0)
 
-std::string shape_of(const Tensor& t) {
+// Python's tuple repr, so that messages read the same as checks.py's.
+std::string shape_of(c10::IntArrayRef sizes) {
   std::string out = "(";
-  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
-  return out + (t.dim() == 1 ? ",)" : ")");
+  for (size_t d = 0; d < sizes.size(); ++d) out += (d ? ", " : "") + std::to_string(sizes[d]);
+  return out + (sizes.size() == 1 ? ",)" : ")");
 }
+std::string shape_of(const Tensor& t) { return shape_of(t.sizes()); }
 
 const char* dtype_name(ScalarType t) {
   switch (t) {
@@ -107,8 +109,8 @@ std::optional<Failure> heads_layout(const char* name, const Tensor& x, const Ten
   }
   for (int64_t d = 0; d < pd; ++d) {
     if (x.size(d) != positions.size(d)) {
-      return fail(PyExc_ValueError, name, ": leading dims must match positions.shape ", shape_of(positions),
-           " (the same number of tokens), got shape ", shape_of(x));
+      return fail(PyExc_ValueError, name, ": leading dims ", shape_of(x.sizes().slice(0, pd)),
+           " must match positions.shape ", shape_of(positions), " (the same number of tokens)");
     }
   }
   if (x.dim() == pd + 2) {
