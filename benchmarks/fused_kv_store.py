@@ -3,10 +3,12 @@
 Compared at each shape (bf16 NeoX, q/k/v sliced from one fused qkv tensor, float32 cache of
 131072 rows, random int64 positions, cache_loc a random permutation of a larger KV cache):
   fused        rope_compat's rotary_embedding_set_kv, bf16 buffers (one launch)
-  fused-fp8    the same with float8_e4m3fn buffers and k_scale/v_scale
+  fused-fp8    the same with float8_e4m3fn buffers and k_scale/v_scale of 0.5 and 0.25
+  fused-scaled, fused-fp8-scaled   bf16 and float8 buffers with scales of 0.3 and 0.7
+  one-element  an in-place op on one element: what any kernel costs in a graph
   rope+copy    rope_compat's rotation plus two index_copy_ (the previous path)
-  floor        contiguous passes over the bytes the fused call must move: q and k rotated
-               dims read and written (mul_), v read and the k and v rows written (copy_)
+  floor        one contiguous in-place pass (mul_) over as many bytes as the fused call must
+               move: q and k rotated dims read and written, v read, the k and v rows written
   sgl-kernel   sgl-kernel's fused kernel, when --peer-dir holds a module `sgl_fused_peer`
                with fused(q, k, v, k_buffer, v_buffer, cos_sin_cache, positions, cache_loc,
                is_neox) built from sgl-kernel's own source
@@ -48,10 +50,15 @@ class InputSet:
         self.positions = torch.randint(0, CACHE_ROWS, (tokens,), device="cuda")
         self.loc = torch.randint(0, rows, (tokens,), device="cuda")
         self.buffers = buffers
-        # The floor's contiguous tensors: q+k (rotated dims, here all of them) and the k/v rows.
-        self.qk_flat = torch.randn(tokens, qw + kw, dtype=torch.bfloat16, device="cuda")
-        self.v_flat = torch.randn(tokens, 1, kw, dtype=torch.bfloat16, device="cuda")
-        self.kv_rows = torch.empty(tokens, 2, kw, dtype=torch.bfloat16, device="cuda")
+        # The floor: an in-place pass reads and writes each element, so half the bytes moved.
+        self.flat = torch.randn(tokens * moved_bytes(heads, kv_heads, head) // 4, dtype=torch.bfloat16,
+                                device="cuda")
+
+
+def moved_bytes(heads: int, kv_heads: int, head: int) -> int:
+    """Bytes per token the fused bf16 call must move (full rotation)."""
+    qk = (heads + kv_heads) * head * 2
+    return 2 * qk + kv_heads * head * 2 + 2 * kv_heads * head * 2
 
 
 def time_graphs(step: Callable[[int], None], n_sets: int, repeats: int) -> List[float]:
@@ -123,7 +130,7 @@ def check_peer(peer) -> str:
 def bench_shape(name: str, tokens: int, peer, repeats: int) -> Dict[str, List[float]]:
     heads, kv_heads, head = SHAPES[name]
     qw, kw = heads * head, kv_heads * head
-    per_set = tokens * ((qw + 2 * kw) * 2 * 2 + 2 * kw * 2 + 16) + tokens * head * 4
+    per_set = tokens * ((qw + 2 * kw) * 2 + moved_bytes(heads, kv_heads, head) // 2 + 16) + tokens * head * 4
     n_sets = max(1, math.ceil(2.5 * l2_bytes() / per_set))
     # The KV cache is shared by the sets (one each would not fit at small sizes) and itself
     # larger than 2.5x the L2, so the rows a call writes are not in the L2 either.
@@ -133,6 +140,7 @@ def bench_shape(name: str, tokens: int, peer, repeats: int) -> Dict[str, List[fl
     bufs_bf16 = {k: torch.randn(rows, kv_heads, head, device="cuda").bfloat16() for k in ("k", "v")}
     bufs_fp8 = {k: torch.randn(rows, kv_heads, head, device="cuda").to(torch.float8_e4m3fn) for k in ("k", "v")}
     sets = [InputSet(tokens, heads, kv_heads, head, rows, bufs_bf16) for _ in range(n_sets)]
+    one = torch.ones(1, device="cuda")
     op = torch.ops.rope_compat.rotary_embedding_set_kv
 
     def fused(i):
@@ -143,6 +151,17 @@ def bench_shape(name: str, tokens: int, peer, repeats: int) -> Dict[str, List[fl
         s = sets[i]
         op(s.positions, s.q, s.k, head, cache, True, s.v, bufs_fp8["k"], bufs_fp8["v"], s.loc, 0.5, 0.25)
 
+    def fused_scaled(i):
+        s = sets[i]
+        op(s.positions, s.q, s.k, head, cache, True, s.v, bufs_bf16["k"], bufs_bf16["v"], s.loc, 0.3, 0.7)
+
+    def fused_fp8_odd(i):
+        s = sets[i]
+        op(s.positions, s.q, s.k, head, cache, True, s.v, bufs_fp8["k"], bufs_fp8["v"], s.loc, 0.3, 0.7)
+
+    def launch_floor(i):
+        one.mul_(1.0)
+
     def rope_copy(i):
         s = sets[i]
         rope_compat.rotary_embedding(s.positions, s.q, s.k, head, cache, True)
@@ -150,11 +169,10 @@ def bench_shape(name: str, tokens: int, peer, repeats: int) -> Dict[str, List[fl
         bufs_bf16["v"].index_copy_(0, s.loc, s.v.view(tokens, kv_heads, head))
 
     def floor(i):
-        s = sets[i]
-        s.qk_flat.mul_(1.0)
-        s.kv_rows.copy_(s.v_flat.expand(tokens, 2, kw))
+        sets[i].flat.mul_(1.0)
 
-    impls = {"fused": fused, "fused-fp8": fused_fp8, "rope+copy": rope_copy, "floor": floor}
+    impls = {"fused": fused, "fused-fp8": fused_fp8, "fused-scaled": fused_scaled, "fused-fp8-scaled": fused_fp8_odd,
+             "rope+copy": rope_copy, "floor": floor, "one-element": launch_floor}
     if peer is not None:
         def sgl(i):
             s = sets[i]
@@ -180,16 +198,26 @@ def main() -> None:
           f"{rope_compat.ops.extension.backend_for('cuda')}; sgl-kernel peer: {'loaded' if peer else why}")
     if peer is not None:
         print(f"# {check_peer(peer)}")
-    print("| shape | tokens | impl | min us | median us | max us | median / fused median |")
-    print("|---|---:|---|---:|---:|---:|---:|")
+    print("| shape | tokens | impl | min us | median us | max us | median / fused median | GB/s |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    summary = []
     for name in args.shapes.split(","):
+        heads, kv_heads, head = SHAPES[name]
         for tokens in (int(t) for t in args.tokens.split(",")):
             res = bench_shape(name, tokens, peer, args.repeats)
-            ours = statistics.median(res["fused"])
+            med = {impl: statistics.median(us) for impl, us in res.items()}
+            gb = tokens * moved_bytes(heads, kv_heads, head) / 1e3
             for impl, us in res.items():
-                med = statistics.median(us)
-                print(f"| {name} | {tokens} | {impl} | {min(us):.2f} | {med:.2f} | {max(us):.2f} | "
-                      f"{med / ours:.2f}x |", flush=True)
+                print(f"| {name} | {tokens} | {impl} | {min(us):.2f} | {med[impl]:.2f} | {max(us):.2f} | "
+                      f"{med[impl] / med['fused']:.2f}x | {gb / med[impl]:.0f} |", flush=True)
+            summary.append((name, tokens, med))
+    print("\n| shape | tokens | fused us | sgl-kernel / fused | fused as a fraction of the floor | fp8 / bf16 | "
+          "fp8 scaled / bf16 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, tokens, med in summary:
+        sgl = f"{med['sgl-kernel'] / med['fused']:.2f}x" if "sgl-kernel" in med else "-"
+        print(f"| {name} | {tokens} | {med['fused']:.2f} | {sgl} | {med['floor'] / med['fused']:.2f} | "
+              f"{med['fused-fp8'] / med['fused']:.2f}x | {med['fused-fp8-scaled'] / med['fused']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ struct KvStoreParams {
   int64_t v_rows, v_row_stride, v_head_stride_buf;  // v_buffer, in elements
   int32_t head_size;
   float k_scale, v_scale;  // stored = x / scale; 1 when no scale is given
+  float k_inv_scale, v_inv_scale;  // 1 / scale, rounded to nearest
   BufferDType buffer_dtype;
   bool loc_int64;
 };

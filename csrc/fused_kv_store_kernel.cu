@@ -73,13 +73,45 @@ template <>
 __device__ __forceinline__ __half convert<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 convert<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// float8 through the hardware's saturating conversion, two values per instruction (the
+// non-saturating conversion has no instruction and is emulated, which made a float8 store slower
+// than a bf16 one), then torch's overflow rules restored: e4m3fn has no infinity, so anything
+// that rounds above 448 (|x| > 464) is NaN; e5m2 rounds |x| >= 61440 to infinity. NaN stays NaN,
+// sign kept.
+__device__ __forceinline__ uint8_t e4m3_fixup(uint8_t bits, float x) {
+  return fabsf(x) <= 464.f ? bits : static_cast<uint8_t>(0x7f | (signbit(x) ? 0x80 : 0));
+}
+__device__ __forceinline__ uint8_t e5m2_fixup(uint8_t bits, float x) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0;
+  if (x != x) return 0x7f | sign;
+  return fabsf(x) >= 61440.f ? static_cast<uint8_t>(0x7c | sign) : bits;
+}
 template <>
 __device__ __forceinline__ E4M3 convert<E4M3>(float x) {
-  return E4M3{static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3))};
+  return E4M3{e4m3_fixup(static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)), x)};
 }
 template <>
 __device__ __forceinline__ E5M2 convert<E5M2>(float x) {
-  return E5M2{static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2))};
+  return E5M2{e5m2_fixup(static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)), x)};
+}
+
+// Two values at once: one instruction for both where the buffer is float8.
+template <typename B>
+__device__ __forceinline__ void convert2(float a, float b, B& oa, B& ob) {
+  oa = convert<B>(a);
+  ob = convert<B>(b);
+}
+template <>
+__device__ __forceinline__ void convert2<E4M3>(float a, float b, E4M3& oa, E4M3& ob) {
+  const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  oa.bits = e4m3_fixup(static_cast<uint8_t>(two & 0xff), a);
+  ob.bits = e4m3_fixup(static_cast<uint8_t>(two >> 8), b);
+}
+template <>
+__device__ __forceinline__ void convert2<E5M2>(float a, float b, E5M2& oa, E5M2& ob) {
+  const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E5M2);
+  oa.bits = e5m2_fixup(static_cast<uint8_t>(two & 0xff), a);
+  ob.bits = e5m2_fixup(static_cast<uint8_t>(two >> 8), b);
 }
 
 __device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
@@ -107,16 +139,35 @@ __device__ __forceinline__ void store_stream(T* ptr, const Vec<T, V>& v) {
 }
 
 // Stores x / scale, converted to the buffer type. Without a scale (1) no division is done:
-// x / 1 is x exactly, and the branch is the same for the whole launch.
+// x / 1 is x exactly, and the branch is the same for the whole launch. A division per element
+// costs a float8 store more than its bytes do, so for buffers of 16 bits or fewer the quotient
+// is x * inv (inv = 1 / scale rounded to nearest, from the host) corrected by one fused
+// multiply-add: that is the correctly rounded x / scale wherever it is a normal float
+// (Markstein's theorem), and where it is not (below 2^-126, or past the float range) such
+// buffers round both to the same value. Wider buffers keep the division.
 template <typename B, typename T, int V>
-__device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scale) {
-  Vec<B, V> out;
-  if (scale == 1.f) {
+__device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scale, float inv) {
+  float f[V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) out.v[i] = convert<B>(to_float(x.v[i]));
+  for (int i = 0; i < V; ++i) f[i] = to_float(x.v[i]);
+  if (scale != 1.f) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      if constexpr (sizeof(B) <= 2) {
+        const float q = f[i] * inv;
+        f[i] = isfinite(q) ? __fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q) : q;
+      } else {
+        f[i] = f[i] / scale;
+      }
+    }
+  }
+  Vec<B, V> out;
+  if constexpr (V % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < V; i += 2) convert2<B>(f[i], f[i + 1], out.v[i], out.v[i + 1]);
   } else {
 #pragma unroll
-    for (int i = 0; i < V; ++i) out.v[i] = convert<B>(to_float(x.v[i]) / scale);
+    for (int i = 0; i < V; ++i) out.v[i] = convert<B>(f[i]);
   }
   *reinterpret_cast<Vec<B, V>*>(dst) = out;
 }
@@ -216,8 +267,8 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     }
     if (is_key && loc >= 0 && loc < s.k_rows) {
       B* const dst = static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + (h - p.num_heads) * s.k_head_stride;
-      store_row<B, T, V>(dst + e1, x, s.k_scale);
-      store_row<B, T, V>(dst + e2, y, s.k_scale);
+      store_row<B, T, V>(dst + e1, x, s.k_scale, s.k_inv_scale);
+      store_row<B, T, V>(dst + e2, y, s.k_scale, s.k_inv_scale);
     }
     return;
   }
@@ -228,7 +279,7 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     int32_t e = (u - h * static_cast<int32_t>(l.pass_units_per_head.d)) * V;
     if (e >= p.rope_dim_offset) e += p.rot_dim;
     const Vec<T, V> x = load_stream<T, V>(k_tok + h * p.k_head_stride + e);
-    store_row<B, T, V>(static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + h * s.k_head_stride + e, x, s.k_scale);
+    store_row<B, T, V>(static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + h * s.k_head_stride + e, x, s.k_scale, s.k_inv_scale);
     return;
   }
   if (loc < 0 || loc >= s.v_rows) return;  // a vector of the value
@@ -239,7 +290,7 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
                           h * s.v_head_stride;
   const Vec<T, V> x = load_stream<T, V>(v_head + e);
   store_row<B, T, V>(static_cast<B*>(s.v_buffer) + loc * s.v_row_stride + h * s.v_head_stride_buf + e, x,
-                     s.v_scale);
+                     s.v_scale, s.v_inv_scale);
 }
 
 constexpr int kMaxDevices = 64;

@@ -253,6 +253,8 @@ std::optional<Failure> check_store(const StoreArgs& a, const Tensor& positions, 
   sp.head_size = static_cast<int32_t>(head_size);
   sp.k_scale = a.has_k_scale ? static_cast<float>(a.k_scale) : 1.f;
   sp.v_scale = a.has_v_scale ? static_cast<float>(a.v_scale) : 1.f;
+  sp.k_inv_scale = 1.f / sp.k_scale;
+  sp.v_inv_scale = 1.f / sp.v_scale;
   sp.buffer_dtype = *bdtype;
   sp.loc_int64 = loc.scalar_type() == ScalarType::Long;
   return std::nullopt;

@@ -162,10 +162,24 @@ def rotary_embedding_set_kv(
     float8; stored = key / k_scale (value / v_scale) rounded once. `cache_loc` rows outside
     the buffer (-1 included) are not stored.
     """
-    rotary_embedding_set_kv_op(
-        positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
-        cache_loc, k_scale, v_scale, rope_dim_offset,
-    )
+    if (
+        _C is not None
+        and query.is_cuda
+        and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and not _is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+    ):
+        # Straight to the launch (the registered op's CUDA kernel is this same function): the
+        # dispatcher's round trip costs more host time than a decode-sized call.
+        _C.set_kv_launch(
+            positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+            cache_loc, k_scale, v_scale, rope_dim_offset,
+        )
+    else:
+        rotary_embedding_set_kv_op(
+            positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+            cache_loc, k_scale, v_scale, rope_dim_offset,
+        )
 
 
 def apply_rope_with_cos_sin_cache(
