@@ -177,6 +177,33 @@ def test_scales(device, buffer_dtype, k_scale, v_scale):
     _check(_run(device, torch.bfloat16, buffer_dtype, k_scale=k_scale, v_scale=v_scale))
 
 
+# float8 rounding at its edges, as torch's conversion does it: e4m3fn has no infinity (anything
+# that rounds above 448 is NaN), e5m2 overflows to infinity from 61440; NaN keeps its sign.
+FP8_EDGES = [float("nan"), -float("nan"), float("inf"), -float("inf"), 448.0, 463.9, 464.0, 464.1, 470.0,
+             480.0, -500.0, 57344.0, 61439.0, 61440.0, -61440.0, 1e30, 3e38, 2.0 ** -10, 2.0 ** -17,
+             -2.0 ** -17, 0.0, -0.0, 1.0, 1.1]
+
+
+@pytest.mark.parametrize("buffer_dtype", FP8, ids=str)
+@pytest.mark.parametrize("head", [64, 66])  # 16-byte vectors, and the scalar path
+@pytest.mark.parametrize("v_scale", [None, 0.3, 1e-6])
+def test_float8_edges_match_torch(device, buffer_dtype, head, v_scale):
+    tokens, kv_heads = 5, 2
+    edges = torch.tensor(FP8_EDGES, dtype=torch.float32)
+    value = edges.repeat(tokens * kv_heads * head // len(edges) + 1)[: tokens * kv_heads * head]
+    value = value[torch.randperm(value.numel())].view(tokens, kv_heads, head).to(device)
+    r = _run(device, torch.float32, buffer_dtype, heads=2, kv_heads=kv_heads, head=head, tokens=tokens,
+             v_scale=v_scale)
+    # The same call with the edge values as the value: rows must equal torch's conversion bit for bit.
+    k_buf, v_buf = r["k_buf"], r["v_buf"]
+    case = r["case"]
+    op(case.positions, case.query, case.key, head, case.cos_sin_cache, True, value, k_buf, v_buf, r["loc"],
+       None, v_scale)
+    want = _bits(_stored(value.cpu(), v_scale, buffer_dtype))
+    got = _bits(_rows(v_buf, kv_heads, head).cpu()[r["loc"].cpu().long()])
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
 def test_out_of_range_cache_loc_stores_nothing(device, loc_dtype):
     top = torch.iinfo(loc_dtype).max
