@@ -129,10 +129,10 @@ def test_cpu_position_out_of_range_raises_before_writing():
 # ---------------------------------------------------------------- errors
 
 
-def _bad_calls():
-    P = lambda *s, d=torch.int64: torch.zeros(*s, dtype=d)  # noqa: E731
-    q, k = torch.randn(4, 2 * 64), torch.randn(4, 64)
-    cache = random_cache(16, 32, torch.float32)
+def _bad_calls(device="cpu"):
+    P = lambda *s, d=torch.int64: torch.zeros(*s, dtype=d, device=device)  # noqa: E731
+    q, k = torch.randn(4, 2 * 64, device=device), torch.randn(4, 64, device=device)
+    cache = random_cache(16, 32, torch.float32, device)
     S = [4, 6, 6]
     yield "float-positions", (P(3, 4, d=torch.float32), q, k, 64, cache, True, S), TypeError, "positions: expected dtype"
     yield "1d-positions", (P(4), q, k, 64, cache, True, S), ValueError, r"positions: expected shape \[3, num_tokens\]"
@@ -143,9 +143,9 @@ def _bad_calls():
         r"mrope_section: expected 3 non-negative sections summing to rot_dim / 2 = 16, got \[4, 6, 5\]"
     yield "sections-count", (P(3, 4), q, k, 64, cache, True, [8, 8]), ValueError, r"got \[8, 8\]"
     yield "sections-negative", (P(3, 4), q, k, 64, cache, True, [18, -2, 0]), ValueError, r"got \[18, -2, 0\]"
-    yield "gqa", (P(3, 4), q, torch.randn(4, 3 * 64), 64, cache, True, S), ValueError, "must be a multiple of key"
+    yield "gqa", (P(3, 4), q, torch.randn(4, 3 * 64, device=device), 64, cache, True, S), ValueError, "must be a multiple of key"
     yield "q-dtype", (P(3, 4), q.double(), k, 64, cache, True, S), TypeError, "query: expected dtype"
-    yield "rot-too-big", (P(3, 4), q, k, 16, random_cache(16, 32, torch.float32), True, S), ValueError, \
+    yield "rot-too-big", (P(3, 4), q, k, 16, random_cache(16, 32, torch.float32, device), True, S), ValueError, \
         "exceeds head_size"
 
 
@@ -281,9 +281,11 @@ needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason="the CUDA kernel is not
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("tokens", [1, 3, 64, 3000])
+@pytest.mark.parametrize("tokens", [1, 3, 64, 3000, 9000])
 def test_cuda_kernel_poisoned_outputs(config, is_neox, dtype, tokens):
-    """Every launch path (small and large calls, vector widths); pass-through dims untouched."""
+    """Every launch path (one head per thread; from 9000 tokens of the 128-dim configs, several
+    heads per thread and GPT-J over both halves; 8- and 16-byte vectors); pass-through dims
+    untouched."""
     positions, q, k, head_size, cache, sections, inter = make_mrope(
         config, tokens=tokens, dtype=dtype, layout="fused_heads", device="cuda", padded_positions=True)
     rot = cache.shape[1]
@@ -332,14 +334,18 @@ def test_cuda_out_of_range_token_untouched():
 @needs_kernel
 @pytest.mark.parametrize("name,args,exc,match", BAD, ids=[b[0] for b in BAD])
 def test_cuda_errors_same_as_cpu(name, args, exc, match):
-    cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    cuda_args = {b[0]: b[1] for b in _bad_calls("cuda")}[name]
+    assert all(a.is_cuda for a in cuda_args if isinstance(a, torch.Tensor))
+    cpu_msg = None
     try:
         op(*args)
     except exc as e:
         cpu_msg = str(e)
-    with pytest.raises(exc) as info:
-        op(*cuda_args)
-    assert str(info.value) == cpu_msg
+    assert cpu_msg is not None
+    for fn in (op, rope_compat.mrope_rotary_embedding):  # the dispatcher, and the direct path
+        with pytest.raises(exc) as info:
+            fn(*cuda_args)
+        assert str(info.value) == cpu_msg
 
 
 @gpu
