@@ -35,7 +35,8 @@ def cuda_extensions():
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
     ext = cpp_extension.CUDAExtension(
         name="rope_compat._C",
-        sources=["csrc/ops.cpp", "csrc/rotary_embedding_kernel.cu", "csrc/fused_kv_store_kernel.cu"],
+        sources=["csrc/ops.cpp", "csrc/rotary_embedding_kernel.cu", "csrc/fused_kv_store_kernel.cu",
+                 "csrc/mrope_kernel.cu"],
         include_dirs=[os.path.abspath("csrc")],
         extra_compile_args={
             # torch >= 2.14's headers need C++20; the .cu file includes no torch header.

@@ -24,8 +24,10 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "fused_kv_store.h"
+#include "mrope.h"
 #include "rotary_embedding.h"
 
 namespace rope_compat {
@@ -260,9 +262,43 @@ std::optional<Failure> check_store(const StoreArgs& a, const Tensor& positions, 
   return std::nullopt;
 }
 
+// Multimodal RoPE (mrope_rotary_embedding): run() gets the temporal row of positions as its
+// positions (a [T] view), and here the rows' stride and the sections as given.
+struct MropeArgs {
+  int64_t row_stride;
+  std::vector<int64_t> section;
+  bool interleaved;
+};
+
+// Python's repr of a list of ints, so that messages read the same as ops/mrope.py's.
+std::string list_of(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+// Mirrors mrope.check_mrope_args after the rotary checks.
+std::optional<Failure> check_sections(const MropeArgs& m, int64_t rot_dim, MropeParams& mp) {
+  const int64_t half = rot_dim / 2;
+  bool ok = m.section.size() == 3;
+  int64_t sum = 0;
+  for (size_t i = 0; ok && i < 3; ++i) {
+    ok = m.section[i] >= 0 && m.section[i] <= half;
+    sum += ok ? m.section[i] : 0;
+  }
+  if (!ok || sum != half) {
+    return fail(PyExc_ValueError, "mrope_section: expected 3 non-negative sections summing to rot_dim / 2 = ", half,
+                ", got ", list_of(m.section));
+  }
+  mp.positions_row_stride = m.row_stride;
+  for (int i = 0; i < 3; ++i) mp.section[i] = static_cast<int32_t>(m.section[i]);
+  mp.interleaved = m.interleaved;
+  return std::nullopt;
+}
+
 std::optional<Failure> run(const Tensor& positions, const Tensor& query, const Tensor* key,
          int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
-         const Tensor* offsets, const StoreArgs* store = nullptr) {
+         const Tensor* offsets, const StoreArgs* store = nullptr, const MropeArgs* mrope = nullptr) {
   if (!is_index_dtype(positions.scalar_type())) {
     return fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
   }
@@ -328,6 +364,8 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
            " elements (one per token), got shape ", shape_of(*offsets));
     }
   }
+  MropeParams mp{};
+  if (mrope) RETURN_IF_FAILED(check_sections(*mrope, rot_dim, mp));
   KvStoreParams sp{};
   if (store) RETURN_IF_FAILED(check_store(*store, positions, *key, head_size, k.heads, sp));
   if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
@@ -367,7 +405,9 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
   std::optional<c10::cuda::CUDAGuard> guard;
   if (device != c10::cuda::current_device()) guard.emplace(positions.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const int err = store ? launch_rotary_set_kv(p, sp, stream, device) : launch_rotary_embedding(p, stream, device);
+  const int err = mrope   ? launch_mrope_rotary_embedding(p, mp, stream, device)
+                  : store ? launch_rotary_set_kv(p, sp, stream, device)
+                          : launch_rotary_embedding(p, stream, device);
   if (err != 0) {
     return Failure{PyExc_RuntimeError, std::string("rope_compat: CUDA kernel launch failed: ") +
                                        cudaGetErrorString(static_cast<cudaError_t>(err))};
@@ -519,6 +559,59 @@ PyObject* set_kv_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+bool int_list_arg(PyObject* o, const char* name, std::vector<int64_t>* out) {
+  PyObject* seq = (PyList_Check(o) || PyTuple_Check(o)) ? PySequence_Fast(o, name) : nullptr;
+  if (seq == nullptr) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%s: expected a list of ints, got %s", name, Py_TYPE(o)->tp_name);
+    return false;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  out->resize(static_cast<size_t>(n));
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < n; ++i) ok = int_arg(PySequence_Fast_GET_ITEM(seq, i), name, &(*out)[i]);
+  Py_DECREF(seq);
+  return ok;
+}
+
+// mrope_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+//              mrope_interleaved=False, rope_dim_offset=0, inverse=False)
+PyObject* mrope_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  const Tensor *positions, *query, *key, *cache;
+  int64_t head_size, rope_dim_offset = 0;
+  bool is_neox, inverse = false;
+  MropeArgs m{};
+  m.interleaved = false;
+  if (!count_args("mrope_rotary_embedding", nargs, 7, 10) || !tensor_arg(args[0], "positions", &positions) ||
+      !tensor_arg(args[1], "query", &query) || !optional_tensor_arg(args[2], "key", &key) ||
+      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
+      !bool_arg(args[5], "is_neox", &is_neox) || !int_list_arg(args[6], "mrope_section", &m.section) ||
+      (nargs > 7 && !bool_arg(args[7], "mrope_interleaved", &m.interleaved)) ||
+      (nargs > 8 && !int_arg(args[8], "rope_dim_offset", &rope_dim_offset)) ||
+      (nargs > 9 && !bool_arg(args[9], "inverse", &inverse))) {
+    return nullptr;
+  }
+  // Mirrors the position checks of mrope.check_mrope_args; the rest are run()'s.
+  if (!is_index_dtype(positions->scalar_type())) {
+    return raise(fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ",
+                      dtype_name(positions->scalar_type())));
+  }
+  if (positions->dim() != 2 || positions->size(0) != 3) {
+    return raise(fail(PyExc_ValueError, "positions: expected shape [3, num_tokens] (temporal, height, width rows) "
+                      "for MRoPE, got ", shape_of(*positions)));
+  }
+  if (positions->size(1) > 1 && positions->stride(1) != 1) {
+    return raise(fail(PyExc_ValueError, "positions: each row must be contiguous (stride 1 along tokens), got stride ",
+                      positions->stride(1)));
+  }
+  m.row_stride = positions->stride(0);
+  const Tensor row = positions->select(0, 0);
+  if (auto f = run(row, *query, key, head_size, *cache, is_neox, rope_dim_offset, inverse, nullptr, nullptr, &m)) {
+    return raise(*f);
+  }
+  Py_RETURN_NONE;
+}
+
 // The public entry point, bound as rope_compat.rotary_embedding when this module loads.
 // A positional call whose tensors are plain CUDA tensors, with no dispatch mode active, goes
 // straight to the launch: no Python frame at all. Every other call (CPU tensors, keywords,
@@ -574,6 +667,10 @@ PyMethodDef methods[] = {
      "set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer, cache_loc,\n"
      "k_scale=None, v_scale=None, rope_dim_offset=0)\n"
      "Rotate query and key and store the key and value at rows cache_loc of k_buffer/v_buffer, in one launch."},
+    {"mrope_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mrope_launch)), METH_FASTCALL,
+     "mrope_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,\n"
+     "mrope_interleaved=False, rope_dim_offset=0, inverse=False)\n"
+     "Multimodal RoPE: positions [3, T]; pair i rotates by row positions[section(i), t]. One launch."},
     {"set_fallback", set_fallback, METH_O, "set_fallback(fn): where rotary_embedding sends the calls it does not launch."},
     {"new_entry", new_entry, METH_O, "new_entry(tag): a distinct function object for rotary_embedding, bound to tag."},
     {nullptr, nullptr, 0, nullptr}};

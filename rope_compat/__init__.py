@@ -12,6 +12,7 @@ from .api import (
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
     batched_rotary_embedding,
+    mrope_rotary_embedding,
     positions_from_offsets,
     rotary_embedding,
     rotary_embedding_set_kv,
@@ -47,4 +48,5 @@ __all__ = [
     "uninstall_vllm_alias",
     "FusedSetKVBufferArg",
     "rotary_embedding_set_kv",
+    "mrope_rotary_embedding",
 ]

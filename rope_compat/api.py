@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
-from .ops.library import rotary_embedding_set_kv_op
+from .ops.library import mrope_rotary_embedding_op, rotary_embedding_set_kv_op
 
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
     from .compat.sgl import FusedSetKVBufferArg
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker im
 # decode-sized kernel. Eager CUDA calls use it; traced calls (torch.compile) and every other
 # device go through the registered op.
 _C = extension.direct_binding()
+_C_mrope = getattr(_C, "mrope_launch", None)
 # is_dynamo_compiling is a constant False in eager code (cheaper than is_compiling).
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
@@ -180,6 +181,40 @@ def rotary_embedding_set_kv(
             positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
             cache_loc, k_scale, v_scale, rope_dim_offset,
         )
+
+
+def mrope_rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    mrope_section: "list[int]",
+    mrope_interleaved: bool = False,
+    rope_dim_offset: int = 0,
+    inverse: bool = False,
+) -> None:
+    """Multimodal RoPE in place: positions `[3, T]` (temporal, height, width); rotated pair i
+    reads cache row `positions[section(i), t]`, sections contiguous (Qwen2-VL, Qwen2.5-VL) or
+    interleaved (Qwen3-VL). One CUDA launch; rope_compat/ops/mrope.py has the rules."""
+    if (
+        _C_mrope is not None
+        and query.is_cuda
+        and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and not _is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+    ):
+        # Eager CUDA calls skip the dispatcher round trip, as rotary_embedding does.
+        _C_mrope(
+            positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+            mrope_interleaved, rope_dim_offset, inverse,
+        )
+        return
+    mrope_rotary_embedding_op(
+        positions, query, key, head_size, cos_sin_cache, is_neox, list(mrope_section),
+        mrope_interleaved, rope_dim_offset, inverse,
+    )
 
 
 def apply_rope_with_cos_sin_cache(

@@ -19,3 +19,5 @@ def register(lib: torch.library.Library, module: ModuleType) -> None:
     lib.impl("batched_rotary_embedding", module.batched_launch, "CUDA")
     if hasattr(module, "set_kv_launch"):
         lib.impl("rotary_embedding_set_kv", module.set_kv_launch, "CUDA")
+    if hasattr(module, "mrope_launch"):
+        lib.impl("mrope_rotary_embedding", module.mrope_launch, "CUDA")

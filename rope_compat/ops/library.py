@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from . import kv_store, torch_impl
+from . import kv_store, mrope, torch_impl
 from .checks import check_rotary_args
 
 NAMESPACE = "rope_compat"
@@ -40,6 +40,13 @@ SET_KV_SCHEMA = (
     "Tensor cache_loc, float? k_scale=None, float? v_scale=None, int rope_dim_offset=0) -> ()"
 )
 lib.define(SET_KV_SCHEMA)
+# Multimodal RoPE: positions [3, T], pair i rotated by row positions[section(i), t] (ops/mrope.py).
+MROPE_SCHEMA = (
+    "mrope_rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+    "Tensor cos_sin_cache, bool is_neox, int[] mrope_section, bool mrope_interleaved=False, "
+    "int rope_dim_offset=0, bool inverse=False) -> ()"
+)
+lib.define(MROPE_SCHEMA)
 
 
 def _check_batched_rot_dim(rot_dim: int, cos_sin_cache: torch.Tensor) -> None:
@@ -117,6 +124,22 @@ def _set_kv_fake(positions, query, key, head_size, cos_sin_cache, is_neox, value
     )
 
 
+@torch.library.impl(lib, "mrope_rotary_embedding", "CompositeExplicitAutograd")
+def _mrope_torch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                 mrope_interleaved=False, rope_dim_offset=0, inverse=False):
+    mrope.mrope_rotary_embedding(
+        positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+        mrope_interleaved, rope_dim_offset, inverse,
+    )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::mrope_rotary_embedding", lib=lib)
+def _mrope_fake(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
+                mrope_interleaved=False, rope_dim_offset=0, inverse=False):
+    mrope.check_mrope_args(positions, query, key, head_size, cos_sin_cache, mrope_section, rope_dim_offset)
+
+
+mrope_rotary_embedding_op = torch.ops.rope_compat.mrope_rotary_embedding.default
 rotary_embedding_set_kv_op = torch.ops.rope_compat.rotary_embedding_set_kv.default
 rotary_embedding_op = torch.ops.rope_compat.rotary_embedding.default
 batched_rotary_embedding_op = torch.ops.rope_compat.batched_rotary_embedding.default

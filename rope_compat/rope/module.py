@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..api import rotary_embedding
+from ..api import mrope_rotary_embedding, rotary_embedding
 from . import frequencies as fq
 from .cache import (
     compute_cos_sin_cache,
@@ -25,7 +25,6 @@ from .cache import (
     normalize_rope_parameters,
     resolve_base,
 )
-from .mrope import mrope_cos_sin_rows
 
 # Types whose vLLM module is built for the *original* length and holds `length * factor` rows.
 _ROWS_TIMES_FACTOR = ("linear", "yarn", "deepseek_yarn")
@@ -137,7 +136,8 @@ class MRotaryEmbedding(RotaryEmbedding):
     As in vLLM, the cache has `max_position_embeddings * positions_factor` rows (video
     positions exceed the token count), times `factor` with YaRN, and `max_position_embeddings`
     is stored multiplied. 1-D positions rotate as plain RoPE. Query and key are flat
-    `[num_tokens, heads * head_size]` or `[num_tokens, heads, head_size]`.
+    `[num_tokens, heads * head_size]` or `[num_tokens, heads, head_size]`. 2-D positions go
+    to `mrope_rotary_embedding` (one op, one CUDA launch, no per-call gather).
     """
 
     def __init__(
@@ -172,7 +172,8 @@ class MRotaryEmbedding(RotaryEmbedding):
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         if positions.dim() == 1:
             return super().forward(positions, query, key)
-        rows = mrope_cos_sin_rows(positions, self._cache_for(query), self.mrope_section, self.mrope_interleaved)
-        token = torch.arange(rows.shape[0], device=positions.device)
-        rotary_embedding(token, query, key, self.head_size, rows, self.is_neox_style)
+        mrope_rotary_embedding(
+            positions, query, key, self.head_size, self._cache_for(query), self.is_neox_style,
+            self.mrope_section, self.mrope_interleaved,
+        )
         return query, key

@@ -1,4 +1,7 @@
-"""Multimodal RoPE (Qwen2-VL, arXiv:2409.12191) through the ordinary rotary op.
+"""Multimodal RoPE (Qwen2-VL, arXiv:2409.12191) as per-token cos/sin rows for the ordinary op.
+
+A helper for callers that want the gathered rows; `MRotaryEmbedding` no longer uses it: it
+calls `rope_compat.mrope_rotary_embedding` (ops/mrope.py), which picks the rows in the kernel.
 
 MRoPE gives each token three positions (temporal, height, width) and splits the rotary
 frequencies into three sections, each driven by one of them. For a token, frequency `c` of
