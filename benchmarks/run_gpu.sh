@@ -29,6 +29,10 @@ fi
     --tokens "${BENCH_TOKENS:-1,16,128,1024,8192,32768,131072}" \
     --csv "$out/bench.csv" ${plot_arg[@]+"${plot_arg[@]}"} > "$out/bench.md"
 "$python" "$here/summary.py" "$out/bench.csv" | tee "$out/summary.md"
+# Rope with the KV-cache store beside sgl-kernel's fused kernel, where PEER_DIR holds a build of
+# it from its own source (see benchmarks/README.md); without it, beside our own floors only.
+"$python" "$here/fused_kv_store.py" ${PEER_DIR:+--peer-dir "$PEER_DIR/sgl_kernel"} > "$out/fused_kv_store.md" || status=1
+sed -n '/^| shape | tokens | fused us/,$p' "$out/fused_kv_store.md"
 # Relative error against float64 at positions up to 1,000,000, f32 and bf16 caches.
 "$python" "$here/precision.py" --device cuda > "$out/precision.md" || status=1
 tail -n 7 "$out/precision.md"
