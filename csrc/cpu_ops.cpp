@@ -1,4 +1,4 @@
-// The CPU kernel of the rotary ops, and its Python binding (the module rope_compat._cpu).
+// The CPU kernel of the rotary ops (rope, batched rope, rope with the KV-cache store), and its Python binding (the module rope_compat._cpu).
 //
 // The same binding as the CUDA module's (binding.h: plain CPython functions, errors raised
 // as Python exceptions, never as C++ exceptions; see ops.cpp for why) and the same checks
@@ -21,11 +21,14 @@
 //    GPT-J de-interleaves 4 * W elements into x and y vectors and interleaves them back.
 //    Tails use masked (count) loads and stores: no element outside the rotated dims is
 //    read or written.
+// 3. rotary_embedding_set_kv only: the KV-cache store, (token, kv head) items in parallel.
 // No allocation per call (at::parallel_for's OpenMP region aside).
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -265,6 +268,70 @@ void rotate(const RotaryParams& p) {
   }
 }
 
+// ---- The KV-cache store of rotary_embedding_set_kv, after the rotation: token t's rotated key
+// and its value, every head and dim, to row cache_loc[t] of k_buffer / v_buffer where that row
+// exists (kv_store.py). Stored = float32(x) / scale, rounded once to the buffer dtype.
+
+template <typename T, typename B>
+inline void store_head(const T* src, B* dst, int64_t n, float scale) {
+  if constexpr (std::is_same_v<T, B>) {
+    if (scale == 1.f) {
+      std::copy(src, src + n, dst);
+      return;
+    }
+  }
+  if (scale == 1.f) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<B>(static_cast<float>(src[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<B>(static_cast<float>(src[i]) / scale);
+  }
+}
+
+template <typename T, typename B>
+void store_all(const RotaryParams& p, const KvStoreParams& s) {
+  const int64_t hk = p.num_kv_heads, seq = p.seq_len, head_size = s.head_size;
+  const T* const k = static_cast<const T*>(p.key);
+  const T* const v = static_cast<const T*>(s.value);
+  B* const k_buf = static_cast<B*>(s.k_buffer);
+  B* const v_buf = static_cast<B*>(s.v_buffer);
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / (2 * head_size));
+  at::parallel_for(int64_t{0}, p.num_tokens * hk, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / hk, h = item % hk, b = t / seq, i = t % seq;
+      const int64_t loc = read_index(s.cache_loc, s.loc_int64, t);
+      if (loc >= 0 && loc < s.k_rows) {
+        store_head(k + b * p.k_batch_stride + i * p.k_token_stride + h * p.k_head_stride,
+                   k_buf + loc * s.k_row_stride + h * s.k_head_stride, head_size, s.k_scale);
+      }
+      if (loc >= 0 && loc < s.v_rows) {
+        store_head(v + b * s.v_batch_stride + i * s.v_token_stride + h * s.v_head_stride,
+                   v_buf + loc * s.v_row_stride + h * s.v_head_stride_buf, head_size, s.v_scale);
+      }
+    }
+  });
+}
+
+template <typename T>
+void store_by_buffer(const RotaryParams& p, const KvStoreParams& s) {
+  switch (s.buffer_dtype) {
+    case BufferDType::kFloat32: return store_all<T, float>(p, s);
+    case BufferDType::kFloat16: return store_all<T, c10::Half>(p, s);
+    case BufferDType::kBFloat16: return store_all<T, c10::BFloat16>(p, s);
+    case BufferDType::kFloat64: return store_all<T, double>(p, s);
+    case BufferDType::kFloat8E4M3: return store_all<T, c10::Float8_e4m3fn>(p, s);
+    case BufferDType::kFloat8E5M2: return store_all<T, c10::Float8_e5m2>(p, s);
+  }
+}
+
+void store(const RotaryParams& p, const KvStoreParams& s) {
+  switch (p.dtype) {
+    case DType::kFloat32: return store_by_buffer<float>(p, s);
+    case DType::kFloat16: return store_by_buffer<c10::Half>(p, s);
+    case DType::kBFloat16: return store_by_buffer<c10::BFloat16>(p, s);
+    case DType::kFloat64: return;  // refused by the checks
+  }
+}
+
 std::optional<Failure> run(const Tensor& positions, const Tensor& query, const Tensor* key, int64_t head_size,
                            const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
                            const Tensor* offsets, const StoreArgs* store) {
@@ -274,8 +341,9 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
                                 store, c10::DeviceType::CPU, "the compiled CPU kernel takes CPU tensors only", p,
                                 sp));
   if (p.num_tokens == 0) return std::nullopt;
-  RETURN_IF_FAILED(check_bounds(p));
+  RETURN_IF_FAILED(check_bounds(p));  // before anything is written, the store included
   rotate(p);
+  if (store != nullptr) rope_compat::store(p, sp);
   return std::nullopt;
 }
 
@@ -287,6 +355,10 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)\n"
      "vLLM's former multi-LoRA op: rows offsets[t] + positions[t]."},
+    {"set_kv_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_kv_launch<run>)), METH_FASTCALL,
+     "set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer, cache_loc,\n"
+     "k_scale=None, v_scale=None, rope_dim_offset=0)\n"
+     "Rotate query and key, then store the key and value at rows cache_loc of k_buffer/v_buffer."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_cpu", "rope-compat CPU kernel", -1, methods};

@@ -157,3 +157,54 @@ def test_backend_is_the_cpu_kernel():
     assert rope_compat.backend_for("cpu") == "cpu-kernel"
     assert torch._C._dispatch_has_kernel_for_dispatch_key("rope_compat::rotary_embedding", "CPU")
     assert torch._C._dispatch_has_kernel_for_dispatch_key("rope_compat::batched_rotary_embedding", "CPU")
+
+
+@pytest.mark.parametrize("buffer_dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float64], ids=str)
+def test_set_kv_store_in_threads(buffer_dtype):
+    """Enough (token, kv head) items for several threads; strided q/k/v of one fused tensor,
+    paged buffers, -1 and past-the-end slots skipped, rows not named left bit-identical."""
+    tokens, heads, kv_heads, head_size = 700, 8, 2, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_size, dtype=torch.bfloat16)
+    q, k, v = qkv.split([heads * head_size, kv_heads * head_size, kv_heads * head_size], -1)
+    positions = torch.randint(0, 512, (tokens,))
+    cache = random_cache(512, 32, torch.float32)
+    slots = 64 * 16
+    loc = torch.randperm(slots)[:tokens]
+    loc[::97] = -1
+    loc[5] = slots
+    k_buf = torch.randn(64, 16, kv_heads, head_size).to(buffer_dtype)
+    v_buf = torch.randn(64, 16, kv_heads, head_size).to(buffer_dtype)
+    k_before, v_before, q0, k0, v0 = k_buf.clone(), v_buf.clone(), q.clone(), k.clone(), v.clone()
+    rope_compat.rotary_embedding_set_kv(positions, q, k, head_size, cache, False, v, k_buf, v_buf, loc,
+                                        0.5, 2.0, 8)
+    want_q, want_k = rope_reference(positions, q0, k0, head_size, cache, False, 8)
+    assert_matches_reference(q, want_q)
+    assert_matches_reference(k, want_k)
+    assert torch.equal(v, v0)
+    keep = (loc >= 0) & (loc < slots)
+    rows = loc[keep]
+    bits = (lambda t: t.view(torch.uint8)) if buffer_dtype == torch.float8_e4m3fn else (lambda t: t)
+    want_k_rows = (k[keep].float() / 0.5).to(buffer_dtype).view(-1, kv_heads, head_size)
+    want_v_rows = (v[keep].float() / 2.0).to(buffer_dtype).view(-1, kv_heads, head_size)
+    got_k, got_v = k_buf.view(slots, kv_heads, head_size), v_buf.view(slots, kv_heads, head_size)
+    assert torch.equal(bits(got_k[rows]), bits(want_k_rows))
+    assert torch.equal(bits(got_v[rows]), bits(want_v_rows))
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(bits(got_k[untouched]), bits(k_before.view(slots, kv_heads, head_size)[untouched]))
+    assert torch.equal(bits(got_v[untouched]), bits(v_before.view(slots, kv_heads, head_size)[untouched]))
+
+
+def test_set_kv_out_of_range_position_stores_nothing():
+    q, k, v = torch.randn(4, 128), torch.randn(4, 64), torch.randn(4, 64)
+    k_buf, v_buf = torch.randn(8, 64), torch.randn(8, 64)
+    before = [t.clone() for t in (q, k, k_buf, v_buf)]
+    with pytest.raises(IndexError, match="positions: cache rows must lie in"):
+        rope_compat.rotary_embedding_set_kv(torch.tensor([0, 1, 30, 2]), q, k, 64, random_cache(30, 64, torch.float32),
+                                            True, v, k_buf, v_buf, torch.arange(4))
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, k_buf, v_buf)))
+
+
+@pytest.mark.skipif(not extension.has_cpu_kernel(), reason="the compiled CPU kernel is not loaded")
+def test_set_kv_is_the_cpu_kernel():
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("rope_compat::rotary_embedding_set_kv", "CPU")
