@@ -8,9 +8,10 @@ CPU (rope_compat._cpu, csrc/cpu_ops.cpp): built with the machine's C++ compiler 
 machine, CUDA or not. ROPE_COMPAT_BUILD_CPU=0 skips it, =1 fails loudly if it cannot be built;
 unset, a failed build (no compiler, say) only warns, and the Torch implementation serves the
 CPU. It is compiled for the instruction set torch reports for the building machine
-(torch.backends.cpu.get_cpu_capability(): AVX512, AVX2, else the portable DEFAULT), or the
-one ROPE_COMPAT_CPU_CAPABILITY names (set DEFAULT or AVX2 for a wheel meant for other
-machines); on a CPU that torch finds less capable the module is not loaded.
+(torch.backends.cpu.get_cpu_capability(): AVX512, AVX512_BF16 where the CPU also converts
+float32 to bfloat16, AVX2, else the portable DEFAULT), or the one ROPE_COMPAT_CPU_CAPABILITY
+names (set DEFAULT or AVX2 for a wheel meant for other machines); on a CPU that torch finds
+less capable the module is not loaded.
 
 Both are built against the installed torch's C++ API (see csrc/ops.cpp for why not the stable
 ABI), so they must be rebuilt for another torch version.
@@ -57,8 +58,11 @@ def cuda_extensions():
 
 CPU_EXTENSION = "rope_compat._cpu"
 # at::vec's instruction sets and the compiler flags torch builds its own kernels with.
+_AVX512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
 CPU_ISA_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"],
+    # AVX512 plus the float32 -> bfloat16 conversion instruction (the bf16 store path).
+    "AVX512_BF16": _AVX512 + ["-mavx512bf16"],
+    "AVX512": _AVX512,
     "AVX2": ["-mavx2", "-mfma", "-mf16c"],
     "DEFAULT": [],
 }
@@ -75,7 +79,9 @@ def _cpu_capability(torch) -> str:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "DEFAULT"
     found = torch.backends.cpu.get_cpu_capability().upper()
-    return "AVX512" if found.startswith("AVX512") else found if found in CPU_ISA_FLAGS else "DEFAULT"
+    if found.startswith("AVX512"):
+        return "AVX512_BF16" if torch.cpu._is_avx512_bf16_supported() else "AVX512"
+    return found if found in CPU_ISA_FLAGS else "DEFAULT"
 
 
 def cpu_extensions():
@@ -90,6 +96,7 @@ def cpu_extensions():
             raise
         return []
     capability = _cpu_capability(torch)
+    vec = capability.split("_")[0]  # at::vec's name: AVX512_BF16 is at::vec's AVX512
     major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     # torch >= 2.14's headers need C++20; 2.13's compile with C++17.
     std = "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
@@ -99,7 +106,8 @@ def cpu_extensions():
         include_dirs=[os.path.abspath("csrc")],
         extra_compile_args=[
             "-O3", std, "-fopenmp", "-fvisibility=hidden", "-Wno-maybe-uninitialized", "-Wno-unknown-pragmas",
-            f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}", *CPU_ISA_FLAGS[capability],
+            f"-DCPU_CAPABILITY={vec}", f"-DCPU_CAPABILITY_{vec}", f"-DROPE_CPU_CAPABILITY={capability}",
+            *CPU_ISA_FLAGS[capability],
         ],
         # The OpenMP runtime is torch's own (libgomp.so.1, already loaded by libtorch_cpu).
         extra_link_args=["-fopenmp"],

@@ -46,6 +46,9 @@
 #ifndef CPU_CAPABILITY
 #define CPU_CAPABILITY DEFAULT
 #endif
+#ifndef ROPE_CPU_CAPABILITY  // what setup.py compiled for: CPU_CAPABILITY, or AVX512_BF16
+#define ROPE_CPU_CAPABILITY CPU_CAPABILITY
+#endif
 
 namespace rope_compat {
 namespace {
@@ -100,8 +103,31 @@ struct IoReduced {  // c10::BFloat16, c10::Half: one Vectorized<T> holds kStep e
     }
   }
 };
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// With AVX512-BF16 (built so where the building CPU has it): the conversion to bfloat16 in one
+// instruction (round to nearest even, as at::vec's), 2x faster bf16 rotation than at::vec's
+// integer rounding sequence. The instruction flushes float32 denormals to zero; a vector with
+// one (|x| < FLT_MIN, x != 0: never a rope output of ordinary inputs) takes at::vec's exact path.
+template <>
+struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {
+  static inline void store(c10::BFloat16* p, int n, const Vec& a, const Vec& b) {
+    const __m512 tiny = _mm512_set1_ps(std::numeric_limits<float>::min());
+    const __m512 abs_a = _mm512_abs_ps(a), abs_b = _mm512_abs_ps(b);
+    const __mmask16 sub_a = _mm512_cmp_ps_mask(abs_a, tiny, _CMP_LT_OQ) & _mm512_cmp_ps_mask(abs_a, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    const __mmask16 sub_b = _mm512_cmp_ps_mask(abs_b, tiny, _CMP_LT_OQ) & _mm512_cmp_ps_mask(abs_b, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    if (__builtin_expect((sub_a | sub_b) != 0, 0)) return IoReduced<c10::BFloat16>::store(p, n, a, b);
+    const __m512i v = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+    if (n >= kStep) {
+      _mm512_storeu_si512(p, v);
+    } else {
+      _mm512_mask_storeu_epi16(p, (__mmask32)((uint64_t{1} << n) - 1), v);
+    }
+  }
+};
+#else
 template <>
 struct Io<c10::BFloat16> : IoReduced<c10::BFloat16> {};
+#endif
 template <>
 struct Io<c10::Half> : IoReduced<c10::Half> {};
 
@@ -368,9 +394,9 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_cpu", "rope-compat CPU kernel
 
 PyMODINIT_FUNC PyInit__cpu() {
   PyObject* m = PyModule_Create(&rope_compat::module_def);
-  // The instruction set the kernel was compiled for (at::vec's CPU_CAPABILITY): the loader
+  // The instruction set the kernel was compiled for (setup.py's capability): the loader
   // refuses the module on a CPU that torch finds less capable.
-  if (m != nullptr && PyModule_AddStringConstant(m, "cpu_capability", ROPE_STR(CPU_CAPABILITY)) < 0) {
+  if (m != nullptr && PyModule_AddStringConstant(m, "cpu_capability", ROPE_STR(ROPE_CPU_CAPABILITY)) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

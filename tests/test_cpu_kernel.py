@@ -208,3 +208,27 @@ def test_set_kv_out_of_range_position_stores_nothing():
 @pytest.mark.skipif(not extension.has_cpu_kernel(), reason="the compiled CPU kernel is not loaded")
 def test_set_kv_is_the_cpu_kernel():
     assert torch._C._dispatch_has_kernel_for_dispatch_key("rope_compat::rotary_embedding_set_kv", "CPU")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_subnormal_values_are_kept(dtype, is_neox):
+    """An identity rotation (cos 1, sin 0) keeps every finite value bit for bit, subnormals of
+    the dtype included (which the bf16 conversion instruction would flush to zero); a rotation
+    by 90 degrees moves them to the pair's other element."""
+    tiny = torch.finfo(dtype).tiny
+    values = torch.tensor([tiny / 2, -tiny / 8, tiny / 64, 0.0, 1.5, -3.0, tiny], dtype=dtype)
+    q = values[torch.randint(0, values.numel(), (6, 4 * 64))].clone()
+    cache = torch.cat([torch.ones(2, 32), torch.zeros(2, 32)], -1)
+    cache[1] = torch.cat([torch.zeros(32), torch.ones(32)])  # cos 0, sin 1
+    before = q.clone()
+    positions = torch.tensor([0, 0, 0, 1, 1, 1])
+    rope_compat.rotary_embedding(positions, q, None, 64, cache, is_neox)
+    assert torch.equal(q[:3].view(torch.int16 if dtype != torch.float32 else torch.int32),
+                       before[:3].view(torch.int16 if dtype != torch.float32 else torch.int32))
+    heads = before[3:].unflatten(-1, (4, 64))
+    x, y = (heads[..., :32], heads[..., 32:]) if is_neox else (heads[..., 0::2], heads[..., 1::2])
+    got = q[3:].unflatten(-1, (4, 64))
+    gx, gy = (got[..., :32], got[..., 32:]) if is_neox else (got[..., 0::2], got[..., 1::2])
+    # (x, y) -> (x*0 - y*1, y*0 + x*1) = (-y, x), zeros compared by value
+    assert torch.equal(gx, -y) and torch.equal(gy, x)

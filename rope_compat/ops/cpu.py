@@ -13,7 +13,7 @@ import torch
 
 # at::vec instruction sets, from least to most capable: a module built for one runs on a CPU
 # for which torch reports it or a more capable one.
-_CAPABILITY_RANK = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
+_CAPABILITY_RANK = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2, "AVX512_BF16": 3}
 
 
 def unsupported_reason(module: ModuleType) -> str | None:
@@ -22,8 +22,9 @@ def unsupported_reason(module: ModuleType) -> str | None:
     if built == "DEFAULT":
         return None
     here = torch.backends.cpu.get_cpu_capability().upper()
-    here = "AVX512" if here.startswith("AVX512") else here
-    if _CAPABILITY_RANK.get(here, 0) < _CAPABILITY_RANK.get(built, 3):
+    if here.startswith("AVX512"):
+        here = "AVX512_BF16" if torch.cpu._is_avx512_bf16_supported() else "AVX512"
+    if _CAPABILITY_RANK.get(here, 0) < _CAPABILITY_RANK.get(built, 4):
         return f"built for {built}, but torch reports {here} for this CPU"
     return None
 
