@@ -11,7 +11,7 @@
 // ABI was the first choice of binding; its boxed calling convention costs more host time per
 // call than the whole eager call takes here.
 //
-// The checks mirror rope_compat/ops/checks.py message for message. Nothing here reads device
+// The checks (checks.h) mirror rope_compat/ops/checks.py message for message. Nothing reads device
 // memory, so the op never syncs the host; position bounds are enforced by the kernel, which
 // leaves tokens with out-of-range positions untouched.
 #include <ATen/core/Tensor.h>
@@ -20,250 +20,43 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <cmath>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "fused_kv_store.h"
+#include "binding.h"
+#include "checks.h"
 #include "mrope.h"
-#include "rotary_embedding.h"
 
 namespace rope_compat {
 namespace {
 
 using at::Tensor;
-using c10::ScalarType;
 
-// An argument error: the Python exception type to raise (PyExc_*) and its message.
-struct Failure {
-  PyObject* type;
-  std::string message;
-};
+std::optional<Failure> run(const Tensor& positions, const Tensor& query, const Tensor* key,
+         int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
+         const Tensor* offsets, const StoreArgs* store) {
+  RotaryParams p{};
+  KvStoreParams sp{};
+  RETURN_IF_FAILED(check_rotary(positions, query, key, head_size, cache, is_neox, rope_dim_offset, inverse, offsets,
+                                store, c10::DeviceType::CUDA, "the compiled kernel takes CUDA tensors only", p, sp));
+  if (p.num_tokens == 0) return std::nullopt;
 
-// Messages are built without iostreams: formatting a number through std::ostream crashed the
-// process where torch and this library had different C++ runtimes (their locale facets differ).
-inline void append(std::string& out, const char* s) { out += s; }
-inline void append(std::string& out, const std::string& s) { out += s; }
-template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
-inline void append(std::string& out, Int v) { out += std::to_string(v); }
-
-template <typename... Args>
-Failure fail(PyObject* type, const Args&... args) {
-  std::string message;
-  (append(message, args), ...);
-  return Failure{type, std::move(message)};
-}
-
-#define RETURN_IF_FAILED(expr)          \
-  do {                                  \
-    if (auto f_ = (expr)) return f_;    \
-  } while (0)
-
-// Python's tuple repr, so that messages read the same as checks.py's.
-std::string shape_of(c10::IntArrayRef sizes) {
-  std::string out = "(";
-  for (size_t d = 0; d < sizes.size(); ++d) out += (d ? ", " : "") + std::to_string(sizes[d]);
-  return out + (sizes.size() == 1 ? ",)" : ")");
-}
-std::string shape_of(const Tensor& t) { return shape_of(t.sizes()); }
-
-const char* dtype_name(ScalarType t) {
-  switch (t) {
-    case ScalarType::Float: return "torch.float32";
-    case ScalarType::Half: return "torch.float16";
-    case ScalarType::BFloat16: return "torch.bfloat16";
-    case ScalarType::Double: return "torch.float64";
-    case ScalarType::Int: return "torch.int32";
-    case ScalarType::Long: return "torch.int64";
-    case ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
-    case ScalarType::Float8_e5m2: return "torch.float8_e5m2";
-    default: return "a non-float dtype";
-  }
-}
-
-std::optional<DType> float_dtype(ScalarType t, bool allow_double) {
-  switch (t) {
-    case ScalarType::Float: return DType::kFloat32;
-    case ScalarType::Half: return DType::kFloat16;
-    case ScalarType::BFloat16: return DType::kBFloat16;
-    case ScalarType::Double:
-      if (allow_double) return DType::kFloat64;
-      return std::nullopt;
-    default: return std::nullopt;
-  }
-}
-
-bool is_index_dtype(ScalarType t) { return t == ScalarType::Int || t == ScalarType::Long; }
-
-struct Layout {
-  int64_t heads, batch_stride, token_stride, head_stride;
-};
-
-// Mirrors checks._heads: the layout of q or k relative to positions.
-std::optional<Failure> heads_layout(const char* name, const Tensor& x, const Tensor& positions,
-                                    int64_t head_size, Layout& l) {
-  const int64_t pd = positions.dim();
-  if (x.dim() != pd + 1 && x.dim() != pd + 2) {
-    return fail(PyExc_ValueError, name, ": expected ", pd + 1, " dims [*positions.shape, heads * head_size] or ",
-         pd + 2, " dims [*positions.shape, heads, head_size], got shape ", shape_of(x));
-  }
-  for (int64_t d = 0; d < pd; ++d) {
-    if (x.size(d) != positions.size(d)) {
-      return fail(PyExc_ValueError, name, ": leading dims ", shape_of(x.sizes().slice(0, pd)),
-           " must match positions.shape ", shape_of(positions), " (the same number of tokens)");
-    }
-  }
-  if (x.dim() == pd + 2) {
-    if (x.size(-1) != head_size) {
-      return fail(PyExc_ValueError, name, ": last dim is ", x.size(-1), ", expected head_size=", head_size);
-    }
-    l.heads = x.size(-2);
-    l.head_stride = x.stride(-2);
-  } else {
-    if (x.size(-1) % head_size != 0) {
-      return fail(PyExc_ValueError, name, ": hidden size ", x.size(-1), " is not divisible by head_size=", head_size);
-    }
-    l.heads = x.size(-1) / head_size;
-    l.head_stride = head_size;
-  }
-  if (x.numel() > 0 && x.stride(-1) != 1) {
-    return fail(PyExc_ValueError, name, ": last dim must be contiguous (stride 1), got stride ", x.stride(-1));
-  }
-  l.batch_stride = pd == 2 ? x.stride(0) : 0;
-  l.token_stride = x.stride(pd - 1);
-  return std::nullopt;
-}
-
-std::optional<Failure> check_device(const char* name, const Tensor& t, const Tensor& positions) {
-  if (t.device() != positions.device()) {
-    return fail(PyExc_ValueError, name, ": on device ", t.device().str(), ", but positions is on ",
-                positions.device().str(),
-         "; all tensors must be on one device");
+  // A device guard costs host time: take one only when the tensors are not on the current device.
+  const c10::DeviceIndex device = positions.get_device();
+  std::optional<c10::cuda::CUDAGuard> guard;
+  if (device != c10::cuda::current_device()) guard.emplace(positions.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const int err = store ? launch_rotary_set_kv(p, sp, stream, device) : launch_rotary_embedding(p, stream, device);
+  if (err != 0) {
+    return Failure{PyExc_RuntimeError, std::string("rope_compat: CUDA kernel launch failed: ") +
+                                       cudaGetErrorString(static_cast<cudaError_t>(err))};
   }
   return std::nullopt;
 }
 
-// The KV-cache store of rotary_embedding_set_kv: its tensors and scales (NaN: no scale).
-struct StoreArgs {
-  const Tensor* value;
-  const Tensor* k_buffer;
-  const Tensor* v_buffer;
-  const Tensor* cache_loc;
-  double k_scale, v_scale;
-  bool has_k_scale, has_v_scale;
-};
-
-std::optional<BufferDType> buffer_dtype(ScalarType t) {
-  switch (t) {
-    case ScalarType::Float: return BufferDType::kFloat32;
-    case ScalarType::Half: return BufferDType::kFloat16;
-    case ScalarType::BFloat16: return BufferDType::kBFloat16;
-    case ScalarType::Double: return BufferDType::kFloat64;
-    case ScalarType::Float8_e4m3fn: return BufferDType::kFloat8E4M3;
-    case ScalarType::Float8_e5m2: return BufferDType::kFloat8E5M2;
-    default: return std::nullopt;
-  }
-}
-
-// Mirrors kv_store._buffer_layout: rows, row stride and head stride of a KV buffer.
-std::optional<Failure> buffer_layout(const char* name, const Tensor& buf, int64_t kv_heads, int64_t head_size,
-                                     int64_t& rows, int64_t& row_stride, int64_t& head_stride) {
-  const int64_t dim = buf.dim();
-  auto expected = [&] {
-    return fail(PyExc_ValueError, name, ": expected [rows, heads * head_size], [rows, heads, head_size] or "
-                "[pages, page_size, heads, head_size] with heads=", kv_heads, ", head_size=", head_size,
-                ", got shape ", shape_of(buf));
-  };
-  if (dim == 2) {
-    if (buf.size(1) != kv_heads * head_size) return expected();
-    rows = buf.size(0);
-    row_stride = buf.stride(0);
-    head_stride = head_size;
-  } else if (dim == 3 || dim == 4) {
-    if (buf.size(-1) != head_size || buf.size(-2) != kv_heads) return expected();
-    rows = dim == 3 ? buf.size(0) : buf.size(0) * buf.size(1);
-    if (dim == 4 && buf.size(0) > 1 && buf.stride(0) != buf.size(1) * buf.stride(1)) {
-      return fail(PyExc_ValueError, name, ": page stride ", buf.stride(0), " must be page_size * row stride = ",
-                  buf.size(1), " * ", buf.stride(1), " (pages viewed as one array of slots)");
-    }
-    row_stride = buf.stride(dim - 3);
-    head_stride = buf.stride(-2);
-  } else {
-    return expected();
-  }
-  if (buf.numel() > 0 && buf.stride(-1) != 1) {
-    return fail(PyExc_ValueError, name, ": last dim must be contiguous (stride 1), got stride ", buf.stride(-1));
-  }
-  return std::nullopt;
-}
-
-std::optional<Failure> check_scale(const char* name, bool has, double v) {
-  if (!has || (v > 0 && v != HUGE_VAL)) return std::nullopt;
-  char* repr = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, nullptr);
-  Failure f = fail(PyExc_ValueError, name, ": must be a positive finite float or None, got ",
-                   repr ? repr : "?");
-  PyMem_Free(repr);
-  return f;
-}
-
-// Mirrors kv_store.check_kv_store_args after the rotary checks; fills `sp`.
-std::optional<Failure> check_store(const StoreArgs& a, const Tensor& positions, const Tensor& key, int64_t head_size,
-                                   int64_t kv_heads, KvStoreParams& sp) {
-  RETURN_IF_FAILED(check_device("value", *a.value, positions));
-  RETURN_IF_FAILED(check_device("k_buffer", *a.k_buffer, positions));
-  RETURN_IF_FAILED(check_device("v_buffer", *a.v_buffer, positions));
-  RETURN_IF_FAILED(check_device("cache_loc", *a.cache_loc, positions));
-  if (a.value->scalar_type() != key.scalar_type()) {
-    return fail(PyExc_TypeError, "value: dtype ", dtype_name(a.value->scalar_type()), " must equal the key's dtype ",
-                dtype_name(key.scalar_type()));
-  }
-  Layout v{};
-  RETURN_IF_FAILED(heads_layout("value", *a.value, positions, head_size, v));
-  if (v.heads != kv_heads) return fail(PyExc_ValueError, "value: ", v.heads, " heads, the key has ", kv_heads);
-  const auto bdtype = buffer_dtype(a.k_buffer->scalar_type());
-  if (!bdtype) {
-    return fail(PyExc_TypeError, "k_buffer: expected dtype float32, float16, bfloat16, float64, float8_e4m3fn or "
-                "float8_e5m2, got ", dtype_name(a.k_buffer->scalar_type()));
-  }
-  if (a.v_buffer->scalar_type() != a.k_buffer->scalar_type()) {
-    return fail(PyExc_TypeError, "v_buffer: dtype ", dtype_name(a.v_buffer->scalar_type()),
-                " must equal k_buffer's dtype ", dtype_name(a.k_buffer->scalar_type()));
-  }
-  RETURN_IF_FAILED(buffer_layout("k_buffer", *a.k_buffer, kv_heads, head_size, sp.k_rows, sp.k_row_stride,
-                                 sp.k_head_stride));
-  RETURN_IF_FAILED(buffer_layout("v_buffer", *a.v_buffer, kv_heads, head_size, sp.v_rows, sp.v_row_stride,
-                                 sp.v_head_stride_buf));
-  const Tensor& loc = *a.cache_loc;
-  if (!is_index_dtype(loc.scalar_type())) {
-    return fail(PyExc_TypeError, "cache_loc: expected dtype int32 or int64, got ", dtype_name(loc.scalar_type()));
-  }
-  if (loc.numel() != positions.numel() || !loc.is_contiguous()) {
-    return fail(PyExc_ValueError, "cache_loc: expected a contiguous tensor of ", positions.numel(),
-                " elements (one buffer row per token), got shape ", shape_of(loc));
-  }
-  RETURN_IF_FAILED(check_scale("k_scale", a.has_k_scale, a.k_scale));
-  RETURN_IF_FAILED(check_scale("v_scale", a.has_v_scale, a.v_scale));
-  sp.value = a.value->const_data_ptr();
-  sp.k_buffer = a.k_buffer->data_ptr();
-  sp.v_buffer = a.v_buffer->data_ptr();
-  sp.cache_loc = loc.const_data_ptr();
-  sp.v_batch_stride = v.batch_stride;
-  sp.v_token_stride = v.token_stride;
-  sp.v_head_stride = v.head_stride;
-  sp.head_size = static_cast<int32_t>(head_size);
-  sp.k_scale = a.has_k_scale ? static_cast<float>(a.k_scale) : 1.f;
-  sp.v_scale = a.has_v_scale ? static_cast<float>(a.v_scale) : 1.f;
-  sp.k_inv_scale = 1.f / sp.k_scale;
-  sp.v_inv_scale = 1.f / sp.v_scale;
-  sp.buffer_dtype = *bdtype;
-  sp.loc_int64 = loc.scalar_type() == ScalarType::Long;
-  return std::nullopt;
-}
-
-// Multimodal RoPE (mrope_rotary_embedding): run() gets the temporal row of positions as its
-// positions (a [T] view), and here the rows' stride and the sections as given.
+// Multimodal RoPE (mrope_rotary_embedding): the rotary checks get the temporal row of positions
+// as their positions (a [T] view); here the rows' stride and the sections as given.
 struct MropeArgs {
   int64_t row_stride;
   std::vector<int64_t> section;
@@ -296,267 +89,26 @@ std::optional<Failure> check_sections(const MropeArgs& m, int64_t rot_dim, Mrope
   return std::nullopt;
 }
 
-std::optional<Failure> run(const Tensor& positions, const Tensor& query, const Tensor* key,
-         int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
-         const Tensor* offsets, const StoreArgs* store = nullptr, const MropeArgs* mrope = nullptr) {
-  if (!is_index_dtype(positions.scalar_type())) {
-    return fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
-  }
-  if (positions.dim() != 1 && positions.dim() != 2) {
-    return fail(PyExc_ValueError, "positions: expected shape [num_tokens] or [batch, seq_len], got ", shape_of(positions));
-  }
-  if (!positions.is_contiguous()) return fail(PyExc_ValueError, "positions: must be contiguous");
-  const auto dtype = float_dtype(query.scalar_type(), false);
-  if (!dtype) {
-    return fail(PyExc_TypeError, "query: expected dtype float32, float16 or bfloat16, got ", dtype_name(query.scalar_type()));
-  }
-  if (key && key->scalar_type() != query.scalar_type()) {
-    return fail(PyExc_TypeError, "key: dtype ", dtype_name(key->scalar_type()), " must equal query's dtype ",
-         dtype_name(query.scalar_type()));
-  }
-  const auto cache_dtype = float_dtype(cache.scalar_type(), true);
-  if (!cache_dtype) {
-    return fail(PyExc_TypeError, "cos_sin_cache: expected a float dtype (float32, float16, bfloat16, float64), got ",
-         dtype_name(cache.scalar_type()));
-  }
-  RETURN_IF_FAILED(check_device("query", query, positions));
-  RETURN_IF_FAILED(check_device("cos_sin_cache", cache, positions));
-  if (key) RETURN_IF_FAILED(check_device("key", *key, positions));
-  if (offsets) RETURN_IF_FAILED(check_device("cos_sin_cache_offsets", *offsets, positions));
-  // The public entry point and the dispatcher only send CUDA tensors here; a direct call of
-  // launch() with host tensors must not hand their pointers to the GPU.
-  if (!positions.is_cuda()) {
-    return fail(PyExc_ValueError, "positions: on device ", positions.device().str(),
-                "; the compiled kernel takes CUDA tensors only");
-  }
-  if (head_size <= 0) return fail(PyExc_ValueError, "head_size: must be positive, got ", head_size);
-  if (cache.dim() != 2) {
-    return fail(PyExc_ValueError, "cos_sin_cache: expected 2 dims [max_position, rot_dim], got shape ", shape_of(cache));
-  }
-  const int64_t rot_dim = cache.size(1);
-  if (rot_dim <= 0 || rot_dim % 2 != 0) {
-    return fail(PyExc_ValueError, "cos_sin_cache: rot_dim (size of dim 1) must be even and positive, got ", rot_dim);
-  }
-  if (cache.numel() > 0 && cache.stride(1) != 1) {
-    return fail(PyExc_ValueError, "cos_sin_cache: last dim must be contiguous (stride 1)");
-  }
-  if (rope_dim_offset < 0) return fail(PyExc_ValueError, "rope_dim_offset: must be >= 0, got ", rope_dim_offset);
-  if (rope_dim_offset + rot_dim > head_size) {
-    return fail(PyExc_ValueError, "rope_dim_offset + rot_dim = ", rope_dim_offset, " + ", rot_dim,
-         " exceeds head_size=", head_size);
-  }
-  Layout q{}, k{};
-  RETURN_IF_FAILED(heads_layout("query", query, positions, head_size, q));
-  if (key) {
-    RETURN_IF_FAILED(heads_layout("key", *key, positions, head_size, k));
-    if (k.heads == 0 || q.heads % k.heads != 0) {
-      return fail(PyExc_ValueError, "key: query heads (", q.heads, ") must be a multiple of key heads (", k.heads, ")");
-    }
-  }
-  const int64_t num_tokens = positions.numel();
-  if (offsets) {
-    if (!is_index_dtype(offsets->scalar_type())) {
-      return fail(PyExc_TypeError, "cos_sin_cache_offsets: expected dtype int32 or int64, got ",
-           dtype_name(offsets->scalar_type()));
-    }
-    if (offsets->numel() != num_tokens || !offsets->is_contiguous()) {
-      return fail(PyExc_ValueError, "cos_sin_cache_offsets: expected a contiguous tensor of ", num_tokens,
-           " elements (one per token), got shape ", shape_of(*offsets));
-    }
-  }
-  MropeParams mp{};
-  if (mrope) RETURN_IF_FAILED(check_sections(*mrope, rot_dim, mp));
-  KvStoreParams sp{};
-  if (store) RETURN_IF_FAILED(check_store(*store, positions, *key, head_size, k.heads, sp));
-  if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
-    return fail(PyExc_ValueError, "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
-  }
-  if (num_tokens == 0 || q.heads + k.heads == 0) return std::nullopt;
-
+std::optional<Failure> run_mrope(const Tensor& positions, const Tensor& query, const Tensor* key, int64_t head_size,
+                                 const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
+                                 const MropeArgs& m) {
   RotaryParams p{};
-  p.positions = positions.const_data_ptr();
-  p.cache_offsets = offsets ? offsets->const_data_ptr() : nullptr;
-  p.query = query.data_ptr();
-  p.key = key && k.heads > 0 ? key->data_ptr() : nullptr;
-  p.cache = cache.const_data_ptr();
-  p.q_batch_stride = q.batch_stride;
-  p.q_token_stride = q.token_stride;
-  p.q_head_stride = q.head_stride;
-  p.k_batch_stride = k.batch_stride;
-  p.k_token_stride = k.token_stride;
-  p.k_head_stride = k.head_stride;
-  p.cache_rows = cache.size(0);
-  p.cache_row_stride = cache.stride(0);
-  p.num_tokens = static_cast<int32_t>(num_tokens);
-  p.seq_len = static_cast<int32_t>(positions.dim() == 2 ? positions.size(1) : num_tokens);
-  p.num_heads = static_cast<int32_t>(q.heads);
-  p.num_kv_heads = static_cast<int32_t>(k.heads);
-  p.rot_dim = static_cast<int32_t>(rot_dim);
-  p.rope_dim_offset = static_cast<int32_t>(rope_dim_offset);
-  p.dtype = *dtype;
-  p.cache_dtype = *cache_dtype;
-  p.positions_int64 = positions.scalar_type() == ScalarType::Long;
-  p.offsets_int64 = offsets && offsets->scalar_type() == ScalarType::Long;
-  p.is_neox = is_neox;
-  p.inverse = inverse;
-
-  // A device guard costs host time: take one only when the tensors are not on the current device.
+  KvStoreParams sp{};
+  RETURN_IF_FAILED(check_rotary(positions, query, key, head_size, cache, is_neox, rope_dim_offset, inverse, nullptr,
+                                nullptr, c10::DeviceType::CUDA, "the compiled kernel takes CUDA tensors only", p, sp));
+  MropeParams mp{};
+  RETURN_IF_FAILED(check_sections(m, cache.size(-1), mp));
+  if (p.num_tokens == 0) return std::nullopt;
   const c10::DeviceIndex device = positions.get_device();
   std::optional<c10::cuda::CUDAGuard> guard;
   if (device != c10::cuda::current_device()) guard.emplace(positions.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const int err = mrope   ? launch_mrope_rotary_embedding(p, mp, stream, device)
-                  : store ? launch_rotary_set_kv(p, sp, stream, device)
-                          : launch_rotary_embedding(p, stream, device);
+  const int err = launch_mrope_rotary_embedding(p, mp, stream, device);
   if (err != 0) {
     return Failure{PyExc_RuntimeError, std::string("rope_compat: CUDA kernel launch failed: ") +
                                        cudaGetErrorString(static_cast<cudaError_t>(err))};
   }
   return std::nullopt;
-}
-
-// ---- The Python binding: METH_FASTCALL functions over the CPython API.
-
-PyObject* raise(const Failure& f) {
-  PyErr_SetString(f.type, f.message.c_str());
-  return nullptr;
-}
-
-bool is_tensor(PyObject* o) {
-  if (THPVariable_CheckExact(o)) return true;
-  const int r = PyObject_IsInstance(o, THPVariableClass);
-  if (r < 0) PyErr_Clear();
-  return r > 0;
-}
-
-// Converters for one argument: false, with a TypeError naming the argument, on a wrong type.
-bool tensor_arg(PyObject* o, const char* name, const Tensor** out) {
-  if (is_tensor(o)) {
-    *out = &THPVariable_Unpack(o);
-    return true;
-  }
-  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %s", name, Py_TYPE(o)->tp_name);
-  return false;
-}
-
-bool optional_tensor_arg(PyObject* o, const char* name, const Tensor** out) {
-  if (o == Py_None) {
-    *out = nullptr;
-    return true;
-  }
-  return tensor_arg(o, name, out);
-}
-
-bool int_arg(PyObject* o, const char* name, int64_t* out) {
-  if (PyLong_Check(o)) {
-    const long long v = PyLong_AsLongLong(o);
-    if (!(v == -1 && PyErr_Occurred())) {
-      *out = v;
-      return true;
-    }
-    PyErr_Clear();
-  } else if (PyIndex_Check(o)) {  // e.g. numpy integers
-    PyObject* i = PyNumber_Index(o);
-    if (i != nullptr) {
-      const bool ok = int_arg(i, name, out);
-      Py_DECREF(i);
-      return ok;
-    }
-    PyErr_Clear();
-  }
-  PyErr_Format(PyExc_TypeError, "%s: expected an int (64-bit), got %s", name, Py_TYPE(o)->tp_name);
-  return false;
-}
-
-bool bool_arg(PyObject* o, const char* name, bool* out) {
-  const int v = PyObject_IsTrue(o);
-  if (v < 0) {
-    PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, Py_TYPE(o)->tp_name);
-    return false;
-  }
-  *out = v != 0;
-  return true;
-}
-
-bool count_args(const char* fn, Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi) {
-  if (nargs >= lo && nargs <= hi) return true;
-  PyErr_Format(PyExc_TypeError, "%s: expected %zd to %zd positional arguments, got %zd", fn, lo, hi, nargs);
-  return false;
-}
-
-// launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False)
-PyObject* launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  const Tensor *positions, *query, *key, *cache;
-  int64_t head_size, rope_dim_offset = 0;
-  bool is_neox, inverse = false;
-  if (!count_args("rotary_embedding", nargs, 6, 8) || !tensor_arg(args[0], "positions", &positions) ||
-      !tensor_arg(args[1], "query", &query) || !optional_tensor_arg(args[2], "key", &key) ||
-      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
-      !bool_arg(args[5], "is_neox", &is_neox) ||
-      (nargs > 6 && !int_arg(args[6], "rope_dim_offset", &rope_dim_offset)) ||
-      (nargs > 7 && !bool_arg(args[7], "inverse", &inverse))) {
-    return nullptr;
-  }
-  if (auto f = run(*positions, *query, key, head_size, *cache, is_neox, rope_dim_offset, inverse, nullptr)) {
-    return raise(*f);
-  }
-  Py_RETURN_NONE;
-}
-
-// batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)
-PyObject* batched_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  const Tensor *positions, *query, *key, *cache, *offsets;
-  int64_t head_size, rot_dim;
-  bool is_neox;
-  if (!count_args("batched_rotary_embedding", nargs, 8, 8) || !tensor_arg(args[0], "positions", &positions) ||
-      !tensor_arg(args[1], "query", &query) || !optional_tensor_arg(args[2], "key", &key) ||
-      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
-      !bool_arg(args[5], "is_neox", &is_neox) || !int_arg(args[6], "rot_dim", &rot_dim) ||
-      !tensor_arg(args[7], "cos_sin_cache_offsets", &offsets)) {
-    return nullptr;
-  }
-  if (cache->dim() >= 1 && rot_dim != cache->size(-1)) {
-    return raise(fail(PyExc_ValueError, "rot_dim: ", rot_dim, " must equal cos_sin_cache.shape[1] = ", cache->size(-1)));
-  }
-  if (auto f = run(*positions, *query, key, head_size, *cache, is_neox, 0, false, offsets)) return raise(*f);
-  Py_RETURN_NONE;
-}
-
-bool optional_float_arg(PyObject* o, const char* name, bool* has, double* out) {
-  *has = o != Py_None;
-  if (!*has) return true;
-  if (PyFloat_Check(o) || PyLong_Check(o)) {
-    *out = PyFloat_AsDouble(o);
-    if (!(*out == -1.0 && PyErr_Occurred())) return true;
-    PyErr_Clear();
-  }
-  PyErr_Format(PyExc_TypeError, "%s: expected a float or None, got %s", name, Py_TYPE(o)->tp_name);
-  return false;
-}
-
-// set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
-//               cache_loc, k_scale=None, v_scale=None, rope_dim_offset=0)
-PyObject* set_kv_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  const Tensor *positions, *query, *key, *cache;
-  int64_t head_size, rope_dim_offset = 0;
-  bool is_neox;
-  StoreArgs st{};
-  if (!count_args("rotary_embedding_set_kv", nargs, 10, 13) || !tensor_arg(args[0], "positions", &positions) ||
-      !tensor_arg(args[1], "query", &query) || !tensor_arg(args[2], "key", &key) ||
-      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
-      !bool_arg(args[5], "is_neox", &is_neox) || !tensor_arg(args[6], "value", &st.value) ||
-      !tensor_arg(args[7], "k_buffer", &st.k_buffer) || !tensor_arg(args[8], "v_buffer", &st.v_buffer) ||
-      !tensor_arg(args[9], "cache_loc", &st.cache_loc) ||
-      (nargs > 10 && !optional_float_arg(args[10], "k_scale", &st.has_k_scale, &st.k_scale)) ||
-      (nargs > 11 && !optional_float_arg(args[11], "v_scale", &st.has_v_scale, &st.v_scale)) ||
-      (nargs > 12 && !int_arg(args[12], "rope_dim_offset", &rope_dim_offset))) {
-    return nullptr;
-  }
-  if (auto f = run(*positions, *query, key, head_size, *cache, is_neox, rope_dim_offset, false, nullptr, &st)) {
-    return raise(*f);
-  }
-  Py_RETURN_NONE;
 }
 
 bool int_list_arg(PyObject* o, const char* name, std::vector<int64_t>* out) {
@@ -591,7 +143,7 @@ PyObject* mrope_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       (nargs > 9 && !bool_arg(args[9], "inverse", &inverse))) {
     return nullptr;
   }
-  // Mirrors the position checks of mrope.check_mrope_args; the rest are run()'s.
+  // Mirrors the position checks of mrope.check_mrope_args; the rest are run_mrope()'s.
   if (!is_index_dtype(positions->scalar_type())) {
     return raise(fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ",
                       dtype_name(positions->scalar_type())));
@@ -606,11 +158,12 @@ PyObject* mrope_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   m.row_stride = positions->stride(0);
   const Tensor row = positions->select(0, 0);
-  if (auto f = run(row, *query, key, head_size, *cache, is_neox, rope_dim_offset, inverse, nullptr, nullptr, &m)) {
+  if (auto f = run_mrope(row, *query, key, head_size, *cache, is_neox, rope_dim_offset, inverse, m)) {
     return raise(*f);
   }
   Py_RETURN_NONE;
 }
+
 
 // The public entry point, bound as rope_compat.rotary_embedding when this module loads.
 // A positional call whose tensors are plain CUDA tensors, with no dispatch mode active, goes
@@ -625,7 +178,7 @@ PyObject* rotary_embedding(PyObject* self, PyObject* const* args, Py_ssize_t nar
                 THPVariable_Unpack(args[1]).is_cuda() && THPVariable_CheckExact(args[0]) &&
                 THPVariable_CheckExact(args[4]) && (args[2] == Py_None || THPVariable_CheckExact(args[2])) &&
                 c10::impl::TorchDispatchModeTLS::stack_len() == 0;
-  if (direct || fallback == nullptr) return launch(self, args, nargs);
+  if (direct || fallback == nullptr) return launch<run>(self, args, nargs);
   return PyObject_Vectorcall(fallback, args, static_cast<size_t>(nargs), kwnames);
 }
 
@@ -657,13 +210,13 @@ PyObject* new_entry(PyObject*, PyObject* tag) { return PyCFunction_NewEx(&entry_
 
 PyMethodDef methods[] = {
     entry_def,
-    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch)), METH_FASTCALL,
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch<run>)), METH_FASTCALL,
      "launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False)\n"
      "Check the arguments and launch the kernel on the current stream (CUDA tensors)."},
-    {"batched_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(batched_launch)), METH_FASTCALL,
+    {"batched_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(batched_launch<run>)), METH_FASTCALL,
      "batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)\n"
      "vLLM's former multi-LoRA op: rows offsets[t] + positions[t]."},
-    {"set_kv_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_kv_launch)), METH_FASTCALL,
+    {"set_kv_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_kv_launch<run>)), METH_FASTCALL,
      "set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer, cache_loc,\n"
      "k_scale=None, v_scale=None, rope_dim_offset=0)\n"
      "Rotate query and key and store the key and value at rows cache_loc of k_buffer/v_buffer, in one launch."},

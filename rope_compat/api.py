@@ -18,7 +18,7 @@ from .ops.library import mrope_rotary_embedding_op, rotary_embedding_set_kv_op
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
     from .compat.sgl import FusedSetKVBufferArg
 
-# The compiled module (None without a CUDA build). Its `launch` checks the arguments and
+# The compiled CUDA module (None without a CUDA build). Its `launch` checks the arguments and
 # launches the CUDA kernel without a dispatcher round trip, which costs more host time than a
 # decode-sized kernel. Eager CUDA calls use it; traced calls (torch.compile) and every other
 # device go through the registered op.
@@ -27,20 +27,25 @@ _C_mrope = getattr(_C, "mrope_launch", None)
 # is_dynamo_compiling is a constant False in eager code (cheaper than is_compiling).
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
-# On the CPU the op's kernel is the Torch implementation, a Python function: the dispatcher's
-# round trip into it costs more host time than a decode-sized rotation. Plain eager calls
-# therefore call it directly, which does exactly what the op would. Everything the dispatcher
-# would make a difference for still goes through the op: tracing and compiling, tensor
-# subclasses (fake tensors), dispatch and function modes, functorch transforms, autograd
-# (tensors that require grad), and a compiled CPU kernel if one is registered.
-_torch_impl_serves_cpu = not torch._C._dispatch_has_kernel_for_dispatch_key(
-    "rope_compat::rotary_embedding", "CPU"
-)
+# On the CPU the op's kernel is the compiled CPU kernel where it loaded (csrc/cpu_ops.cpp),
+# else the Torch implementation. The dispatcher's round trip into either costs more host time
+# than a decode-sized rotation, so plain eager calls call the kernel's `launch` (a C function
+# with the op's checks) or the Torch implementation directly, which does exactly what the op
+# would. Everything the dispatcher would make a difference for still goes through the op:
+# tracing and compiling, tensor subclasses (fake tensors), dispatch and function modes,
+# functorch transforms, autograd (tensors that require grad), and a CPU kernel registered by
+# anyone else.
+_CPU = extension.cpu_binding()
+_cpu_direct: Optional[Callable[..., None]] = None
+if _CPU is not None:
+    _cpu_direct = _CPU.launch
+elif not torch._C._dispatch_has_kernel_for_dispatch_key("rope_compat::rotary_embedding", "CPU"):
+    _cpu_direct = torch_impl.rotary_embedding
 
 
 def _plain_eager_cpu(query: torch.Tensor, key: Optional[torch.Tensor]) -> bool:
     return (
-        _torch_impl_serves_cpu
+        _cpu_direct is not None
         and type(query) is torch.Tensor
         and query.is_cpu
         and not query.requires_grad
@@ -80,9 +85,7 @@ def rotary_embedding(
     ):
         _C.launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
     elif _plain_eager_cpu(query, key):
-        torch_impl.rotary_embedding(
-            positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
-        )
+        _cpu_direct(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
     else:
         rotary_embedding_op(
             positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rope_compat
-from rope_compat.ops import torch_impl
+from rope_compat import api
 from tolerances import assert_matches_reference
 
 
@@ -39,8 +39,9 @@ def test_vllm_rotary_module_runs_through_rope_compat(dispatcher, dtype, monkeypa
     expected_q, expected_k = module.forward_native(positions, query.clone(), key.clone())
 
     calls = []
-    real = torch_impl.rotary_embedding
-    monkeypatch.setattr(torch_impl, "rotary_embedding", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    # What serves eager CPU calls: the compiled CPU kernel's launch, or the Torch implementation.
+    real = api._cpu_direct
+    monkeypatch.setattr(api, "_cpu_direct", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     rope_compat.patch_vllm(dispatcher=dispatcher)
     try:
         q, k = module.forward_cpu(positions, query, key)  # vLLM's CPU path calls ops.rotary_embedding

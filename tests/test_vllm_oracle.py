@@ -2,8 +2,9 @@
 
 Skipped unless vLLM's compiled ops import (`vllm._custom_ops`). The comparison covers what
 vLLM's CPU kernel supports: flat [..., H * D] layouts, cache dtype equal to q's, no
-rope_dim_offset and no inverse; bf16 NeoX with rot_dim / 2 not a multiple of 8 crashes it
-and is left out.
+rope_dim_offset and no inverse. bf16 NeoX with rot_dim / 2 not a multiple of 8 crashes it
+(SIGSEGV): those shapes run vLLM's side in a subprocess (test_shapes_that_crash_vllm), so that
+its crash marks only its own row, and ours is checked against float64 there.
 
 Tolerance: one ulp of the dtype at the magnitude of the rotated pair, sqrt(x^2 + y^2).
 Both compute x*c - y*s and y*c + x*s in float32 and round once, but may round the two f32
@@ -14,11 +15,17 @@ strict); in f16/bf16 it can at most flip the final rounding, one ulp of a value 
 than the pair's magnitude.
 """
 
+import signal
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import rope_compat
 from cases import make_case
+from reference import rope_reference
+from tolerances import assert_matches_reference
 from vllm_env import vllm_importable
 
 if not vllm_importable():
@@ -84,7 +91,7 @@ def test_matches_vllm_cpu_kernel(name, dtype, is_neox, with_key, layout, tokens)
     shape = CASES[name]
     rot_dim = shape.get("rot_dim", shape["head_size"])
     if _crashes_vllm(dtype, is_neox, rot_dim):
-        pytest.skip("vLLM's CPU kernel crashes for bf16 NeoX when rot_dim / 2 is not a multiple of 8")
+        pytest.skip("vLLM's CPU kernel crashes here: test_shapes_that_crash_vllm runs it in a subprocess")
     case = make_case(
         tokens=tokens, is_neox=is_neox, dtype=dtype, cache_dtype=dtype, layout=layout,
         with_key=with_key, cache_rows=512, **shape,
@@ -100,6 +107,41 @@ def test_matches_vllm_cpu_kernel(name, dtype, is_neox, with_key, layout, tokens)
     assert_within_one_ulp(case.query, q_theirs, q0, case.head_size, rot_dim, is_neox)
     if with_key:
         assert_within_one_ulp(case.key, k_theirs, k0, case.head_size, rot_dim, is_neox)
+
+
+_VLLM_IN_SUBPROCESS = """
+import sys, torch
+import vllm._custom_ops as ops
+a = torch.load(sys.argv[1])
+ops.rotary_embedding(a["positions"], a["query"], a["key"], a["head_size"], a["cache"], a["is_neox"])
+torch.save({"query": a["query"], "key": a["key"]}, sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("rot_dim", [20, 24, 40])
+def test_shapes_that_crash_vllm(rot_dim, tmp_path):
+    """bf16 NeoX, rot_dim / 2 not a multiple of 8: vLLM's side in a subprocess. Ours must match
+    float64; vLLM's within one ulp if it survives, else the row is an expected failure."""
+    head_size, dtype = rot_dim + 16, torch.bfloat16
+    assert _crashes_vllm(dtype, True, rot_dim)
+    case = make_case(tokens=(3, 5), heads=4, kv_heads=2, head_size=head_size, rot_dim=rot_dim, dtype=dtype,
+                     cache_dtype=dtype, cache_rows=512)
+    q0, k0 = case.query.clone(), case.key.clone()
+    torch.save({"positions": case.positions, "query": q0.clone(), "key": k0.clone(), "head_size": head_size,
+                "cache": case.cos_sin_cache, "is_neox": True}, tmp_path / "in.pt")
+    theirs = subprocess.run([sys.executable, "-c", _VLLM_IN_SUBPROCESS, str(tmp_path / "in.pt"),
+                             str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=300)
+
+    rope_compat.rotary_embedding(case.positions, case.query, case.key, head_size, case.cos_sin_cache, True)
+    want_q, want_k = rope_reference(case.positions, q0, k0, head_size, case.cos_sin_cache, True)
+    assert_matches_reference(case.query, want_q, "query vs float64")
+    assert_matches_reference(case.key, want_k, "key vs float64")
+    if theirs.returncode < 0:
+        pytest.xfail(f"vLLM crashes ({signal.Signals(-theirs.returncode).name}); ours vs float64 passes")
+    assert theirs.returncode == 0, f"vLLM's subprocess failed:\n{theirs.stderr[-3000:]}"
+    out = torch.load(tmp_path / "out.pt")
+    assert_within_one_ulp(case.query, out["query"], q0, head_size, rot_dim, True)
+    assert_within_one_ulp(case.key, out["key"], k0, head_size, rot_dim, True)
 
 
 def test_schema_matches_vllm():

@@ -1,4 +1,4 @@
-"""`rope-compat info`: versions, the compiled kernel, devices and their backends, peers, patches."""
+"""`rope-compat info`: versions, the compiled kernels (CUDA, CPU), devices and their backends, peers, patches."""
 
 from __future__ import annotations
 
@@ -88,6 +88,12 @@ def collect() -> Dict[str, Any]:
             # Read from the library's fat binary; None when there is no library or it has none.
             "cuda_archs": _kernel_archs(path),
         },
+        "cpu_kernel": {
+            "loaded": extension.has_cpu_kernel(),
+            "library": extension.cpu_library_path(),
+            "load_error": extension.cpu_load_error(),
+            "cpu_capability": extension.cpu_capability(),
+        },
         "devices": _devices(),
         "peers": {name: _installed(module) for name, module in PEER_MODULES.items()},
         "patches": _patches(),
@@ -98,6 +104,8 @@ def _text(info: Dict[str, Any]) -> str:
     k = info["kernel"]
     kernel = "loaded" if k["loaded"] else f"not loaded ({k['load_error']})"
     archs = ", ".join(k["cuda_archs"]) if k["cuda_archs"] else "unknown"
+    c = info["cpu_kernel"]
+    cpu_kernel = f"loaded ({c['cpu_capability']})" if c["loaded"] else f"not loaded ({c['load_error']})"
     lines = [
         f"rope-compat {info['rope_compat']}",
         f"python      {info['python']}",
@@ -106,6 +114,8 @@ def _text(info: Dict[str, Any]) -> str:
         f"kernel      {kernel}",
         f"  library   {k['library'] or 'none'}",
         f"  archs     {archs if k['library'] else 'n/a'}",
+        f"cpu kernel  {cpu_kernel}",
+        f"  library   {c['library'] or 'none'}",
         "devices:",
     ]
     for d in info["devices"]:
