@@ -8,7 +8,7 @@
 // width), and each of its V pairs i takes cos/sin from the row of section(i). The vector of V
 // pairs is loaded from each row that one of its pairs needs (one row for most vectors of the
 // contiguous layout, up to three in the interleaved one) and the pairs are picked in
-// registers, so the cache reads stay vector loads of rows that are shared by every head.
+// registers (mrope_cos_sin), so the cache reads stay vector loads, shared by every head.
 // Nothing is gathered per call and nothing is allocated.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -132,39 +132,43 @@ __device__ __forceinline__ int section_of(const Sections& s, int32_t i) {
   return (r == 1 && i < s.h_lim) ? 1 : (r == 2 && i < s.w_lim) ? 2 : 0;
 }
 
-// The cos/sin of pairs [first, first + N) of a token: the vector of each row that one of
-// these pairs needs, loaded (not yet converted), and each pair's row.
+// The cos/sin of pairs [first, first + N) of a token, as floats. A vector whose pairs all
+// share one row (most vectors of the contiguous layout: every one where the section
+// boundaries are multiples of N) is one vector load per half, as in the plain kernel; any
+// other takes the vector of each row one of its pairs needs, one row at a time, and keeps
+// each pair's value from its own row (so at most one row's vector is live besides c/sn).
 template <typename CT, int N>
-struct MropeCosSin {
-  Stored<CT, N> c[3], s[3];
-  int8_t sec[N];
-
-  __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
-                                       int32_t first, int32_t half, const Sections& sections) {
-    bool used[3] = {false, false, false};
+__device__ __forceinline__ void mrope_cos_sin(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
+                                              int32_t first, int32_t half, const Sections& sections,
+                                              float (&c)[N], float (&sn)[N]) {
+  const int s_first = section_of(sections, first);
+  if (!sections.interleaved && s_first == section_of(sections, first + N - 1)) {
+    const int64_t row = s_first == 0 ? rows[0] : s_first == 1 ? rows[1] : rows[2];
+    const CT* r = cache + row * row_stride + first;
+    const Stored<CT, N> cv = *reinterpret_cast<const Stored<CT, N>*>(r);
+    const Stored<CT, N> sv = *reinterpret_cast<const Stored<CT, N>*>(r + half);
+#pragma unroll
+    for (int k = 0; k < N; ++k) c[k] = cv.get(k), sn[k] = sv.get(k);
+    return;
+  }
+  int sec[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) sec[k] = section_of(sections, first + k);
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+    bool used = false;
+#pragma unroll
+    for (int k = 0; k < N; ++k) used |= sec[k] == s;
+    if (!used) continue;
+    const CT* r = cache + rows[s] * row_stride + first;
+    const Stored<CT, N> cv = *reinterpret_cast<const Stored<CT, N>*>(r);
+    const Stored<CT, N> sv = *reinterpret_cast<const Stored<CT, N>*>(r + half);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      sec[k] = static_cast<int8_t>(section_of(sections, first + k));
-      used[0] |= sec[k] == 0;
-      used[1] |= sec[k] == 1;
-      used[2] |= sec[k] == 2;
-    }
-#pragma unroll
-    for (int r = 0; r < 3; ++r) {
-      if (used[r]) {
-        const CT* row = cache + rows[r] * row_stride + first;
-        c[r] = *reinterpret_cast<const Stored<CT, N>*>(row);
-        s[r] = *reinterpret_cast<const Stored<CT, N>*>(row + half);
-      }
+      if (sec[k] == s) c[k] = cv.get(k), sn[k] = sv.get(k);
     }
   }
-  __device__ __forceinline__ float cos(int k) const {
-    return sec[k] == 0 ? c[0].get(k) : sec[k] == 1 ? c[1].get(k) : c[2].get(k);
-  }
-  __device__ __forceinline__ float sin(int k) const {
-    return sec[k] == 0 ? s[0].get(k) : sec[k] == 1 ? s[1].get(k) : s[2].get(k);
-  }
-};
+}
 
 template <bool kNeox, typename T, int V>
 __device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V], const float (&sn)[V]) {
@@ -201,8 +205,16 @@ __device__ __forceinline__ void rotate_store(T* head, int32_t e1, int32_t e2, Ve
   store_qk<T, V>(head + e2, y);
 }
 
+// Several heads per thread: at most 128 registers (two blocks per SM, the plain kernel's
+// occupancy), at the price of a few spilled words (ptxas: 60 bytes for bf16 q, float32 cache,
+// 2 heads per thread); unbounded, the compiler spends up to 192 on hoisting cos/sin loads,
+// which leaves one block per SM. Not yet measured which is faster: build with
+// NVCC_APPEND_FLAGS=-DROPE_COMPAT_MROPE_MIN_BLOCKS=1 for the unbounded kernel.
+#ifndef ROPE_COMPAT_MROPE_MIN_BLOCKS
+#define ROPE_COMPAT_MROPE_MIN_BLOCKS 2
+#endif
 template <typename T, typename CT, int V, int kHeadsPerBatch>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE_MIN_BLOCKS : 1)
     mrope_kernel(const RotaryParams p, const Launch l) {
   const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t local_token = l.units_per_token.div(unit);
@@ -235,17 +247,14 @@ __global__ void __launch_bounds__(kBlock)
   if constexpr (kHeadsPerBatch == 1) {
     // Small calls, one head per thread: the cache loads go out before the q/k loads.
     if (!in_cache) return;
-    MropeCosSin<CT, V> cs;
-    cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
     T* const head = group < p.num_heads ? q_tok + group * p.q_head_stride
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
-    Vec<T, V> x = load_qk<T, V>(head + e1), y = load_qk<T, V>(head + e2);
-    const float sign = p.inverse ? -1.f : 1.f;
     float c[V], sn[V];
+    mrope_cos_sin<CT, V>(cache, p.cache_row_stride, rows, j * V, half, l.sec, c, sn);
+    Vec<T, V> x = load_qk<T, V>(head + e1), y = load_qk<T, V>(head + e2);
+    if (p.inverse) {
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      c[i] = cs.cos(i);
-      sn[i] = sign * cs.sin(i);
+      for (int i = 0; i < V; ++i) sn[i] = -sn[i];
     }
     rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     return;
@@ -271,20 +280,17 @@ __global__ void __launch_bounds__(kBlock)
     if (!have_cos_sin) {
       if (!in_cache) return;
       if (p.is_neox || !halves) {
-        MropeCosSin<CT, V> cs;
-        cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
-#pragma unroll
-        for (int i = 0; i < V; ++i) c[i] = cs.cos(i), sn[i] = cs.sin(i);
+        mrope_cos_sin<CT, V>(cache, p.cache_row_stride, rows, j * V, half, l.sec, c, sn);
       } else if constexpr (V > 1) {
         // GPT-J over both halves: the pairs of vector j of each half, V / 2 of them each.
         constexpr int kHalfV = V / 2;
-        MropeCosSin<CT, kHalfV> lo, hi;
-        lo.load(cache, p.cache_row_stride, rows, j * kHalfV, half, l.sec);
-        hi.load(cache, p.cache_row_stride, rows, half / 2 + j * kHalfV, half, l.sec);
+        float c0[kHalfV], s0[kHalfV], c1[kHalfV], s1[kHalfV];
+        mrope_cos_sin<CT, kHalfV>(cache, p.cache_row_stride, rows, j * kHalfV, half, l.sec, c0, s0);
+        mrope_cos_sin<CT, kHalfV>(cache, p.cache_row_stride, rows, half / 2 + j * kHalfV, half, l.sec, c1, s1);
 #pragma unroll
         for (int i = 0; i < kHalfV; ++i) {
-          c[i] = lo.cos(i), sn[i] = lo.sin(i);
-          c[kHalfV + i] = hi.cos(i), sn[kHalfV + i] = hi.sin(i);
+          c[i] = c0[i], sn[i] = s0[i];
+          c[kHalfV + i] = c1[i], sn[kHalfV + i] = s1[i];
         }
       }
       if (p.inverse) {
