@@ -117,7 +117,8 @@ def run_config(cfg, results):
     if fused_qkv:  # keep the strided layout for the call
         qkv1 = qkv.clone()
         q1, k1 = qkv1[:, :q_width], qkv1[:, q_width: q_width + k_width]
-    out_q, out_k = rope.forward_cuda(positions, q1, k1, fused_set_kv_buffer_arg=fused)
+    extra = {} if fused is None else {"fused_set_kv_buffer_arg": fused}  # 0.4.x has no such argument
+    out_q, out_k = rope.forward_cuda(positions, q1, k1, **extra)
     want_q, want_k = rope_reference(positions, q0, k0, head, rope.cos_sin_cache, is_neox)
     _check(results, "in place", lambda: _assert(out_q.data_ptr() == q1.data_ptr() and out_k.data_ptr() == k1.data_ptr()))
     _check(results, "query vs float64", lambda: assert_matches_reference(q1, want_q))
