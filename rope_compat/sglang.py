@@ -22,12 +22,15 @@ in place by the angle of `cos_sin_cache[positions[t]]` (rows `[cos | sin]`), Neo
 key and its value are also stored at row `cache_loc[t]` of `k_buffer` / `v_buffer` (one
 launch on CUDA, rope_compat/ops/kv_store.py).
 
+The head size given to the op is `cos_sin_cache.size(-1)` (= rope_dim, as in SGLang), so a
+q or k whose last dim differs is refused by name (ValueError), as SGLang's kernel refuses it.
+
 Wider than SGLang's kernel, never different where SGLang's runs: the cache may be any float
-dtype (SGLang's needs float32), positions and cache_loc may differ in integer dtype, q/k
-heads wider than rope_dim rotate their first rope_dim dims, k may be None, buffers may be
-float8 with scales or paged, and a `cache_loc` outside the buffer stores nothing (SGLang's
-kernel writes out of bounds). q and k must share one dtype (SGLang's allows same-size
-pairs such as float16 q with bfloat16 k).
+dtype (SGLang's needs float32), positions and cache_loc may differ in integer dtype, q/k may
+also be `[num_tokens, heads * rope_dim]`, k may be None, buffers may be float8 with scales or
+paged, and a `cache_loc` outside the buffer stores nothing (SGLang's kernel writes out of
+bounds). q and k must share one dtype (SGLang's allows same-size pairs such as float16 q
+with bfloat16 k).
 """
 
 from __future__ import annotations
@@ -51,6 +54,20 @@ __all__ = [
 # call with plain CUDA tensors launches the kernel with no Python frame), else the Python one.
 _rotary = api.rotary_embedding
 
+# (the last cos_sin_cache seen, its size(-1)): the head size of SGLang's views is rope_dim,
+# which is the cache's width. Reading a tensor attribute costs more host time than the rest
+# of this wrapper, and SGLang passes the same cache tensor on every call of a layer.
+_last_cache = (None, 0)
+
+
+def _head(cos_sin_cache: torch.Tensor) -> int:
+    global _last_cache
+    cache, head = _last_cache
+    if cache is not cos_sin_cache:
+        head = cos_sin_cache.shape[-1]
+        _last_cache = (cos_sin_cache, head)
+    return head
+
 
 def apply_rope_with_cos_sin_cache_inplace(
     q: torch.Tensor,
@@ -63,24 +80,20 @@ def apply_rope_with_cos_sin_cache_inplace(
     fused_args: Optional[FusedSetKVBufferArg] = None,
 ) -> None:
     """Rotate q and k in place; with `fused_args`, also store the key and value rows."""
-    # The decode-step call: one Python frame over the op's own entry point.
-    if fused_args is None and not rope_dim and q.dim() == 3:
-        _rotary(positions, q, k, q.shape[2], cos_sin_cache, is_neox)
+    # The decode-step call: one Python frame over the op's own entry point, no tensor read.
+    if fused_args is None and not rope_dim:
+        cache, head = _last_cache
+        if cache is not cos_sin_cache:
+            head = _head(cos_sin_cache)
+        _rotary(positions, q, k, head, cos_sin_cache, is_neox)
         return
     _general(q, k, cos_sin_cache, positions, is_neox, rope_dim, fused_args)
 
 
 def _general(q, k, cos_sin_cache, positions, is_neox, rope_dim, fused_args) -> None:
-    for name, x in (("q", q), ("k", k)):
-        if x is not None and x.dim() != 3:
-            raise ValueError(
-                f"{name}: expected 3 dims [num_tokens, heads, rope_dim], got shape {tuple(x.shape)}"
-            )
-    if rope_dim and cos_sin_cache.dim() == 2 and rope_dim != cos_sin_cache.shape[1]:
-        raise ValueError(
-            f"rope_dim: {rope_dim} must equal cos_sin_cache.size(-1) = {cos_sin_cache.shape[1]} (or be 0)"
-        )
-    head = q.shape[2]
+    head = _head(cos_sin_cache)
+    if rope_dim and rope_dim != head:
+        raise ValueError(f"rope_dim: {rope_dim} must equal cos_sin_cache.size(-1) = {head} (or be 0)")
     if fused_args is None:
         _rotary(positions, q, k, head, cos_sin_cache, is_neox)
     else:
@@ -97,8 +110,11 @@ def apply_rope_inplace(
     rope_dim: int = 0,
 ) -> None:
     """Rotate q `[T, Hq, rope_dim]` and k `[T, Hk, rope_dim]` in place."""
-    if not rope_dim and q.dim() == 3:
-        _rotary(positions, q, k, q.shape[2], cos_sin_cache, is_neox)
+    if not rope_dim:
+        cache, head = _last_cache
+        if cache is not cos_sin_cache:
+            head = _head(cos_sin_cache)
+        _rotary(positions, q, k, head, cos_sin_cache, is_neox)
         return
     _general(q, k, cos_sin_cache, positions, is_neox, rope_dim, None)
 

@@ -82,6 +82,10 @@ def test_apply_rope_inplace_and_rotary_embedding(device):
     sgl.apply_rope_inplace(q, k, cache, positions, is_neox=False)
     assert_matches_reference(q, want_q)
     assert_matches_reference(k, want_k)
+    q3, k3 = q2.clone(), k2.clone()
+    sgl.apply_rope_inplace(q3.flatten(1), k3.flatten(1), cache, positions, is_neox=False)  # [T, H * D] too
+    assert_matches_reference(q3, want_q)
+    assert_matches_reference(k3, want_k)
     out = sgl.rotary_embedding(positions, q2.flatten(1), k2.flatten(1), 128, cache, False)
     assert out[0].data_ptr() == q2.data_ptr() and out[1].data_ptr() == k2.data_ptr()
     assert_matches_reference(q2, want_q)
@@ -135,16 +139,16 @@ def test_fused_store_matches_reference(device, dtype, form, loc_dtype):
 @pytest.mark.parametrize(
     "call, exc, match",
     [
-        (lambda q, k, c, p: sgl.apply_rope_with_cos_sin_cache_inplace(q.flatten(1), k, c, p, is_neox=True),
-         ValueError, r"q: expected 3 dims"),
+        (lambda q, k, c, p: sgl.apply_rope_with_cos_sin_cache_inplace(q, k, c[:, :32], p, is_neox=True),
+         ValueError, r"query: last dim is 64, expected head_size=32"),
         (lambda q, k, c, p: sgl.apply_rope_with_cos_sin_cache_inplace(q, k, c, p, is_neox=True, rope_dim=32),
          ValueError, r"rope_dim: 32 must equal cos_sin_cache.size\(-1\) = 64"),
-        (lambda q, k, c, p: sgl.apply_rope_inplace(q, k.flatten(1), c, p, is_neox=True, rope_dim=64),
-         ValueError, r"k: expected 3 dims"),
+        (lambda q, k, c, p: sgl.apply_rope_inplace(q, k[..., :32], c, p, is_neox=True, rope_dim=64),
+         ValueError, r"key: last dim is 32, expected head_size=64"),
         (lambda q, k, c, p: sgl.apply_rope_with_cos_sin_cache_inplace(q, k.half(), c, p, is_neox=True),
          TypeError, r"key: dtype"),
     ],
-    ids=["q-2d", "rope-dim", "k-2d", "dtype"],
+    ids=["wider-head", "rope-dim", "narrow-k", "dtype"],
 )
 def test_bad_calls_raise_before_writing(call, exc, match):
     _, q, k = _views("cpu", torch.float32, 4, 2, 64)
