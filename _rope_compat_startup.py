@@ -1,5 +1,8 @@
 """rope-compat's start-up switch, `ROPE_COMPAT_PATCH`: standard library only.
 
+(The finder and loaders are plain classes with the protocol's methods: importing
+importlib.abc for its base classes would cost more than the rest of this module.)
+
 `rope_compat_startup.pth` (installed into site-packages) imports this module at interpreter
 start-up when the variable is set and not "0", and calls `activate()`. Nothing here imports
 torch or rope_compat: activation only puts a meta-path finder in front of the import system.
@@ -24,7 +27,6 @@ whole, with one RuntimeWarning per process.
 
 from __future__ import annotations
 
-import importlib.abc
 import os
 import sys
 import threading
@@ -82,7 +84,7 @@ def routes_from_env(environ=os.environ):
     return tuple(routes)
 
 
-class _CallbackLoader(importlib.abc.Loader):
+class _CallbackLoader:
     """Runs the real loader, then `callback(name)` (with the module fully executed)."""
 
     def __init__(self, loader, callback):
@@ -99,7 +101,7 @@ class _CallbackLoader(importlib.abc.Loader):
         return getattr(self.__dict__["_loader"], name)
 
 
-class _AliasLoader(importlib.abc.Loader):
+class _AliasLoader:
     """Hands the import the alias module that was just put in sys.modules."""
 
     def create_module(self, spec):
@@ -119,7 +121,7 @@ def _real_spec(finder, fullname, path, target):
     return None
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """after: module name -> callback run right after that module has executed.
     instead: module name -> callback run when no real module of that name exists; it puts
     a stand-in into sys.modules (or returns False when it did not)."""
