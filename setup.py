@@ -200,6 +200,9 @@ setup(
     version="0.1.0",
     description="Rotary position embedding for LLM inference engines: vLLM's op without vLLM",
     packages=find_packages(include=["rope_compat", "rope_compat.*"]),
+    # The start-up switch read by rope_compat_startup.pth: standard library only, outside the
+    # package so that reading it imports neither torch nor rope_compat.
+    py_modules=["_rope_compat_startup"],
     license="Apache-2.0",
     license_files=["LICENSE"],
     python_requires=">=3.10",

@@ -23,6 +23,9 @@ from .compat.alias import install_vllm_alias, uninstall_vllm_alias
 from .compat.sgl import FusedSetKVBufferArg
 from .compat.status import PatchStatus, patch_status
 from .compat.vllm_patch import UnsupportedVllmError, patch_vllm, unpatch_vllm, vllm_patched
+from .compat.sgl_kernel_alias import install_sgl_kernel_alias, uninstall_sgl_kernel_alias
+from .compat.sglang_patch import UnsupportedSglangError, patch_sglang, sglang_patched, unpatch_sglang
+from . import sglang
 
 __all__ = [
     "__version__",
@@ -49,4 +52,11 @@ __all__ = [
     "FusedSetKVBufferArg",
     "rotary_embedding_set_kv",
     "mrope_rotary_embedding",
+    "patch_sglang",
+    "unpatch_sglang",
+    "sglang_patched",
+    "UnsupportedSglangError",
+    "install_sgl_kernel_alias",
+    "uninstall_sgl_kernel_alias",
+    "sglang",
 ]

@@ -150,8 +150,8 @@ def test_variable_patches_vllm_when_it_is_imported(hook_dir):
         """,
         {ENV_VAR: "1"}, hook_dir,
     )
-    assert out["pending"] == "functions"
-    assert not out["vllm_imported_at_start"] and out["still_pending"] is None
+    assert out["pending"] == ["functions"]
+    assert not out["vllm_imported_at_start"] and out["still_pending"] == []
     assert "vllm._custom_ops.rotary_embedding" in out["functions"]["rotary_embedding"]
     assert out["dispatch_keys"] == [] and out["rotates"]
 
@@ -186,6 +186,7 @@ def test_alias_where_vllm_is_not_importable(hook_dir):
         import rope_compat
         from rope_compat.compat.alias import ALIAS_ORIGIN
         installed_at_start = rope_compat.patch_status().alias
+        pending = rope_compat.patch_status().pending
         import vllm
         from vllm import _custom_ops
         import vllm._custom_ops as ops_again
@@ -206,6 +207,7 @@ def test_alias_where_vllm_is_not_importable(hook_dir):
         spec = importlib.util.find_spec("vllm")
         out = {
             "installed_at_start": installed_at_start,
+            "pending": pending,
             "same_module": ops_again is _custom_ops,
             "is_rope_compat": _custom_ops.rotary_embedding is rope_compat.rotary_embedding
                 and _custom_ops.batched_rotary_embedding is rope_compat.batched_rotary_embedding,
@@ -221,7 +223,9 @@ def test_alias_where_vllm_is_not_importable(hook_dir):
         """,
         {ENV_VAR: "alias"}, hook_dir, hide_vllm=True,
     )
-    assert out["installed_at_start"] and out["same_module"] and out["is_rope_compat"]
+    # The alias waits for `import vllm`, so an interpreter that never imports it loads nothing.
+    assert not out["installed_at_start"] and out["pending"] == ["vllm-alias"]
+    assert out["same_module"] and out["is_rope_compat"]
     assert out["rotates"]
     assert out["spec_origin"] == out["alias_origin"]
     for name in ("LLM", "rms_norm", "__version__"):
@@ -238,3 +242,102 @@ def test_installed_hook_is_the_repository_file():
     installed = Path(DIST.locate_file(files[0])).resolve()
     assert str(installed.parent) in {str(Path(p).resolve()) for p in site.getsitepackages()}
     assert installed.read_bytes() == (REPO / HOOK).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "value", ["1", "dispatcher", "alias", "sglang", "sgl-kernel-alias", "sglang, alias,sgl-kernel-alias"]
+)
+def test_a_route_loads_nothing_until_its_module_is_imported(hook_dir, value):
+    out = run_child(
+        """
+        import json, sys
+        import json as _unrelated  # an interpreter that imports none of vllm, sglang, sgl_kernel
+        print(json.dumps({"loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("rope_compat", "torch")),
+                          "hook": "_rope_compat_startup" in sys.modules}))
+        """,
+        {ENV_VAR: value}, hook_dir,
+    )
+    assert out["loaded"] == [] and out["hook"]
+
+
+def test_a_bad_value_warns_once(hook_dir):
+    child_env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    child_env["PYTHONPATH"] = os.pathsep.join([str(REPO), child_env.get("PYTHONPATH", "")])
+    child_env[ENV_VAR] = "sglang,bogus"
+    site_line = "" if hook_dir is None else f"site.addsitedir({str(hook_dir)!r})\n"
+    script = "import site; site.main()\n" + site_line + textwrap.dedent(
+        """
+        import sys
+        from rope_compat.compat import startup
+        assert startup.routes_from_env() == () and startup.route_from_env() == "off"
+        print("torch" in sys.modules)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-S", "-c", script], env=child_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("ignoring ROPE_COMPAT_PATCH='sglang,bogus'") == 1, proc.stderr
+
+
+FAKE_SGLANG_ROPE = '''
+def apply_rope_with_cos_sin_cache_inplace(q, k, cos_sin_cache, positions, *, is_neox, rope_dim=0, fused_args=None):
+    raise AssertionError("SGLang kernel ran")
+'''
+
+
+def test_sglang_route_patches_when_sglangs_rope_module_is_imported(hook_dir, tmp_path):
+    pkg = tmp_path / "sglang"
+    for sub in ("", "kernels", "kernels/ops", "kernels/ops/attention"):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "kernels/ops/attention/rope.py").write_text(FAKE_SGLANG_ROPE)
+    (pkg / "layer.py").write_text(
+        "from sglang.kernels.ops.attention.rope import apply_rope_with_cos_sin_cache_inplace\n"
+    )
+    out = run_child(
+        """
+        import json, sys
+        import sglang  # the package alone: no rope module yet
+        before = "rope_compat" in sys.modules
+        import sglang.layer
+        import rope_compat
+        status = rope_compat.patch_status()
+        print(json.dumps({
+            "before": before,
+            "patched": sglang.layer.apply_rope_with_cos_sin_cache_inplace.__code__
+                is rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace.__code__,
+            "status": status.sglang,
+            "pending": list(status.pending),
+        }))
+        """,
+        {ENV_VAR: "sglang"}, hook_dir, extra_path=tmp_path,
+    )
+    assert not out["before"] and out["patched"]
+    key = "sglang.kernels.ops.attention.rope.apply_rope_with_cos_sin_cache_inplace"
+    assert sorted(out["status"][key]) == sorted([key, "sglang.layer.apply_rope_with_cos_sin_cache_inplace"])
+    assert out["pending"] == ["sglang"]  # SGLang's older module names are still watched
+
+
+def test_sgl_kernel_alias_route(hook_dir):
+    out = run_child(
+        """
+        import importlib.util, json, sys
+        real = importlib.util.find_spec("sgl_kernel") is not None
+        import sgl_kernel
+        import rope_compat
+        try:
+            from sgl_kernel import silu_and_mul
+            error = None
+        except ImportError as e:
+            error = str(e)
+        print(json.dumps({
+            "real": real and not rope_compat.patch_status().sgl_kernel_alias,
+            "alias": rope_compat.patch_status().sgl_kernel_alias,
+            "ours": sgl_kernel.apply_rope_with_cos_sin_cache_inplace is rope_compat.apply_rope_with_cos_sin_cache_inplace,
+            "error": error,
+        }))
+        """,
+        {ENV_VAR: "sgl-kernel-alias"}, hook_dir,
+    )
+    if out["real"]:
+        pytest.skip("a real sgl-kernel is installed")
+    assert out["alias"] and out["ours"] and "provides only" in out["error"]

@@ -14,17 +14,25 @@ import torch
 import rope_compat
 from rope_compat.ops import extension
 
+from rope_compat.compat.alias import ALIAS_ORIGIN
+
 from .fatbin import cuda_archs
 
-PEER_MODULES = {"vllm": "vllm", "flashinfer": "flashinfer", "sgl-kernel": "sgl_kernel", "triton": "triton"}
+PEER_MODULES = {
+    "vllm": "vllm", "flashinfer": "flashinfer", "sgl-kernel": "sgl_kernel", "sglang": "sglang", "triton": "triton",
+}
 
 
 def _installed(module: str) -> Dict[str, Any]:
     """Whether a module is importable and its distribution's version, without importing it."""
     try:
-        found = importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
-        found = False
+        spec = None
+    found = spec is not None
+    if found and getattr(spec, "origin", None) == ALIAS_ORIGIN:
+        # rope-compat's stand-in (install_vllm_alias, install_sgl_kernel_alias), not the peer
+        return {"installed": False, "alias": True, "version": None}
     version = None
     if found:
         dists = importlib.metadata.packages_distributions().get(module, [])
@@ -34,7 +42,7 @@ def _installed(module: str) -> Dict[str, Any]:
                 break
             except importlib.metadata.PackageNotFoundError:
                 continue
-    return {"installed": found, "version": version}
+    return {"installed": found, "alias": False, "version": version}
 
 
 def _kernel_archs(path: Optional[str]) -> Optional[List[str]]:
@@ -123,7 +131,10 @@ def _text(info: Dict[str, Any]) -> str:
         lines.append(f"  {d['device']:<8} {d['name']}{cap} -> backend: {d['backend']}")
     lines.append("peers:")
     for name, p in info["peers"].items():
-        state = f"installed {p['version'] or ''}".strip() if p["installed"] else "not installed"
+        if p.get("alias"):
+            state = ALIAS_ORIGIN
+        else:
+            state = f"installed {p['version'] or ''}".strip() if p["installed"] else "not installed"
         lines.append(f"  {name:<11} {state}")
     patches = info["patches"]
     if isinstance(patches, dict):

@@ -17,15 +17,23 @@ import torch
 from ..ops.library import rotary_embedding_set_kv_op
 
 
-@dataclass
+_UNSET = object()
+
+
+@dataclass(init=False)
 class FusedSetKVBufferArg:
-    """Where to store the rotated key and the value; sgl-kernel's dataclass of this name.
+    """Where to store the rotated key and the value: sgl-kernel's dataclass of this name
+    (6 fields) and SGLang's (4 fields, no scales), in one class.
+
+    Accepted forms: `FusedSetKVBufferArg(value, k_buffer, v_buffer, cache_loc)` (SGLang's),
+    `FusedSetKVBufferArg(value, k_buffer, v_buffer, k_scale, v_scale, cache_loc)`
+    (sgl-kernel's), and any of the fields by keyword; k_scale and v_scale default to None.
 
     value: `[nnz, num_kv_heads * head_size]` or `[nnz, num_kv_heads, head_size]`.
-    k_buffer, v_buffer: `[rows, num_kv_heads * head_size]` or `[rows, num_kv_heads,
-    head_size]`, in the key's dtype (sgl-kernel stores without a cast).
-    k_scale, v_scale: must be None (sgl-kernel does not support them either).
-    cache_loc: int64 `[nnz]`, the buffer row of each token.
+    k_buffer, v_buffer: `[rows, num_kv_heads * head_size]`, `[rows, num_kv_heads,
+    head_size]` or pages `[pages, page_size, num_kv_heads, head_size]`, any float dtype.
+    k_scale, v_scale: None, or the stored value is key / k_scale (value / v_scale).
+    cache_loc: int32 or int64 `[nnz]`, the buffer row of each token.
     """
 
     value: torch.Tensor
@@ -34,6 +42,31 @@ class FusedSetKVBufferArg:
     k_scale: Optional[float]
     v_scale: Optional[float]
     cache_loc: torch.Tensor
+
+    def __init__(self, value, k_buffer, v_buffer, *args, k_scale=_UNSET, v_scale=_UNSET, cache_loc=_UNSET):
+        if len(args) == 1:  # SGLang's 4-field form
+            positional = {"cache_loc": args[0]}
+        elif len(args) in (2, 3):  # sgl-kernel's 6-field form (cache_loc possibly by keyword)
+            positional = dict(zip(("k_scale", "v_scale", "cache_loc"), args))
+        elif not args:
+            positional = {}
+        else:
+            raise TypeError(
+                f"FusedSetKVBufferArg: expected (value, k_buffer, v_buffer, cache_loc) or (value, "
+                f"k_buffer, v_buffer, k_scale, v_scale, cache_loc), got {3 + len(args)} positional arguments"
+            )
+        given = {"k_scale": k_scale, "v_scale": v_scale, "cache_loc": cache_loc}
+        for name, v in given.items():
+            if v is not _UNSET:
+                if name in positional:
+                    raise TypeError(f"FusedSetKVBufferArg: got multiple values for argument {name!r}")
+                positional[name] = v
+        if "cache_loc" not in positional:
+            raise TypeError("FusedSetKVBufferArg: missing required argument 'cache_loc'")
+        self.value, self.k_buffer, self.v_buffer = value, k_buffer, v_buffer
+        self.k_scale = positional.get("k_scale")
+        self.v_scale = positional.get("v_scale")
+        self.cache_loc = positional["cache_loc"]
 
 
 def rope_and_store(

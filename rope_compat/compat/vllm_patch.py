@@ -22,41 +22,29 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import sys
-import threading
 import types
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import torch
 
 from .. import api
+from . import _state as state
 from . import alias
-
-if TYPE_CHECKING:
-    from .status import PatchStatus
+from ._bindings import distinct_copy, module_bindings, rebind
+from .status import PatchStatus, bound_names, patch_status
 
 VLLM_OP = "_C::rotary_embedding"
 # Keys on which vLLM registers a kernel for its op; rope-compat's op serves both.
 DISPATCH_KEYS = ("CPU", "CUDA")
 
-_lock = threading.RLock()
+_lock = state.lock
 
 
 class UnsupportedVllmError(RuntimeError):
     """vLLM is absent, is rope-compat's alias, or its op has a schema rope-compat does not know."""
 
 
-@dataclass
-class _State:
-    # function name -> (vLLM's original, rope-compat's replacement)
-    functions: Dict[str, Tuple[Callable, Callable]] = field(default_factory=dict)
-    library: Optional[torch.library.Library] = None
-    dispatch_keys: Tuple[str, ...] = ()
-    schema: Optional[str] = None
-
-
-_state = _State()
+_state = state.vllm
 
 
 def _signature(schema: torch._C.FunctionSchema) -> List[tuple]:
@@ -102,42 +90,6 @@ def _import_vllm_ops() -> types.ModuleType:
         ) from e
 
 
-def _distinct_copy(fn: Callable) -> Callable:
-    """A new function object running `fn`'s code: no extra call layer, but an identity
-    of its own, so unpatching finds exactly the names the patch (or later imports) bound."""
-    if not isinstance(fn, types.FunctionType):  # the compiled entry point (see api.py)
-        return api.compiled_entry_copy()
-    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    copy.__qualname__, copy.__doc__, copy.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
-    return copy
-
-
-def _module_bindings(target: object) -> Iterator[Tuple[str, dict, str]]:
-    """(module name, module dict, attribute) for every module global that is `target`."""
-    seen = set()
-    for mod_name, module in list(sys.modules.items()):
-        try:
-            namespace = vars(module)
-        except TypeError:  # None placeholders and odd objects in sys.modules
-            continue
-        if not isinstance(namespace, dict):  # e.g. a class standing in as a module
-            continue
-        # One module can sit under two names (multiprocessing adds `__mp_main__` for
-        # `__main__`): report it once, under the first.
-        if id(namespace) in seen:
-            continue
-        seen.add(id(namespace))
-        for attr, value in list(namespace.items()):
-            if value is target:
-                yield mod_name, namespace, attr
-
-
-def _rebind(old: object, new: object) -> None:
-    for _, namespace, attr in list(_module_bindings(old)):
-        namespace[attr] = new
-
-
 def _patch_functions() -> None:
     if _state.functions:
         return
@@ -150,14 +102,14 @@ def _patch_functions() -> None:
         original = getattr(ops, name, None)  # batched_* is gone from recent vLLM
         if original is None:
             continue
-        replacement = _distinct_copy(ours)
-        _rebind(original, replacement)
+        replacement = distinct_copy(ours)
+        rebind(original, replacement)
         _state.functions[name] = (original, replacement)
 
 
 def _unpatch_functions() -> None:
     for original, replacement in _state.functions.values():
-        _rebind(replacement, original)
+        rebind(replacement, original)
     _state.functions.clear()
 
 
@@ -194,7 +146,7 @@ def _unpatch_dispatcher() -> None:
     _state.library, _state.dispatch_keys, _state.schema = None, (), None
 
 
-def patch_vllm(dispatcher: bool = False, dispatch_keys: Optional[Sequence[str]] = None) -> "PatchStatus":
+def patch_vllm(dispatcher: bool = False, dispatch_keys: Optional[Sequence[str]] = None) -> PatchStatus:
     """Route vLLM's rotary op through rope-compat (see the module docstring for the routes).
 
     dispatcher: False rebinds vLLM's Python functions; True registers rope-compat as the
@@ -202,8 +154,6 @@ def patch_vllm(dispatcher: bool = False, dispatch_keys: Optional[Sequence[str]] 
     and CUDA where vLLM has a kernel). Calling it again for an applied route does nothing.
     Raises UnsupportedVllmError when there is no real vLLM or its op schema is unknown.
     """
-    from .status import patch_status
-
     with _lock:
         if dispatcher:
             _patch_dispatcher(dispatch_keys)
@@ -212,10 +162,8 @@ def patch_vllm(dispatcher: bool = False, dispatch_keys: Optional[Sequence[str]] 
         return patch_status()
 
 
-def unpatch_vllm() -> "PatchStatus":
+def unpatch_vllm() -> PatchStatus:
     """Undo both routes: the original function objects and vLLM's kernels are back."""
-    from .status import patch_status
-
     with _lock:
         _unpatch_functions()
         _unpatch_dispatcher()
@@ -240,16 +188,12 @@ def vllm_patched(dispatcher: bool = False, dispatch_keys: Optional[Sequence[str]
                     _unpatch_functions()
 
 
-def patched_functions() -> Dict[str, List[str]]:
+def patched_functions():
     """Function name -> the module globals now bound to rope-compat's replacement."""
-    with _lock:
-        return {
-            name: [f"{mod}.{attr}" for mod, _, attr in _module_bindings(replacement)]
-            for name, (_, replacement) in _state.functions.items()
-        }
+    return bound_names(_state.functions)
 
 
-def dispatcher_state() -> Tuple[Tuple[str, ...], Optional[str]]:
+def dispatcher_state():
     """(dispatch keys served by rope-compat, vLLM's op schema) of the dispatcher route."""
     with _lock:
         return _state.dispatch_keys, _state.schema

@@ -1,0 +1,146 @@
+"""Host time per eager call: SGLang's current rope call through patch_sglang() vs rope-compat direct.
+
+SGLang's RotaryEmbedding.forward_cuda calls
+`apply_rope_with_cos_sin_cache_inplace(positions=..., q=q_rope, k=k_rope, cos_sin_cache=...,
+is_neox=..., fused_args=...)` with `[T, H, D]` views. Where SGLang is installed (0.5.20+),
+`patch_sglang()` rebinds that name and this script calls the patched binding in SGLang's
+module; without SGLang it calls what patch_sglang() would bind (a distinct copy of
+`rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace`). Compared with the direct call
+`rope_compat.rotary_embedding(positions, q, k, D, cache, is_neox)` (and, with the fused KV
+store, `rope_compat.rotary_embedding_set_kv`). Target: at most 0.3 us per call over direct.
+
+Each figure is the wall time of a loop of eager calls (no sync inside it) divided by the
+calls, in rounds that alternate the variants; the median and the min over rounds are shown.
+At decode sizes the host, not the GPU, is the bound, so this is the host time per call. The
+script also checks that both paths give bit-identical results and, with --profile, that they
+launch the same CUDA kernels.
+
+    python benchmarks/sglang_host_overhead.py [--tokens 1] [--calls 2000] [--rounds 9] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import rope_compat
+from rope_compat.compat._bindings import distinct_copy
+
+
+def patched_target():
+    """(function SGLang's layer would call, where it comes from)."""
+    try:
+        import sglang.kernels.ops.attention.rope as sgl_rope  # noqa: F401
+    except Exception as e:  # SGLang absent, or a version without its own rope kernel
+        return distinct_copy(rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace), f"no SGLang ({type(e).__name__})"
+    rope_compat.patch_sglang()
+    fn = sgl_rope.apply_rope_with_cos_sin_cache_inplace
+    assert fn.__code__ is rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace.__code__
+    return fn, "SGLang's module, patched by patch_sglang()"
+
+
+class Arg4:
+    """SGLang's 4-field FusedSetKVBufferArg (value, k_buffer, v_buffer, cache_loc)."""
+
+    def __init__(self, value, k_buffer, v_buffer, cache_loc):
+        self.value, self.k_buffer, self.v_buffer, self.cache_loc = value, k_buffer, v_buffer, cache_loc
+
+
+def per_call_us(fn, calls: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def kernels(fn) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=1)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-size", type=int, default=128)
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--profile", action="store_true", help="also compare the launched CUDA kernels")
+    a = p.parse_args()
+    assert torch.cuda.is_available(), "needs a CUDA device"
+    dev, dt, T, H, K, D = "cuda", torch.bfloat16, a.tokens, a.heads, a.kv_heads, a.head_size
+    target, origin = patched_target()
+    print(f"rope-compat {rope_compat.__version__}, CUDA kernel {'built' if rope_compat.has_cuda_kernel() else 'NOT built'}; "
+          f"patched target: {origin}; {H}/{K}x{D} bf16, {T} token(s), float32 cache of 131072 rows")
+
+    qkv = torch.randn(T, (H + 2 * K) * D, dtype=dt, device=dev)
+    q = qkv[:, : H * D].view(T, H, D)  # the views forward_cuda passes
+    k = qkv[:, H * D: (H + K) * D].view(T, K, D)
+    v = qkv[:, (H + K) * D:]
+    cache = torch.randn(131072, D, dtype=torch.float32, device=dev)
+    positions = torch.randint(0, 131072, (T,), device=dev)
+    k_buffer = torch.zeros(4096, K * D, dtype=dt, device=dev)
+    v_buffer = torch.zeros_like(k_buffer)
+    loc = torch.randperm(4096, device=dev)[:T]
+    arg = Arg4(v, k_buffer, v_buffer, loc)
+    direct_rope, direct_store = rope_compat.rotary_embedding, rope_compat.rotary_embedding_set_kv
+
+    variants = {
+        "rope: direct rope_compat.rotary_embedding": lambda: direct_rope(positions, q, k, D, cache, True),
+        "rope: SGLang's call, patched": lambda: target(
+            positions=positions, q=q, k=k, cos_sin_cache=cache, is_neox=True, fused_args=None),
+        "rope+KV store: direct rope_compat.rotary_embedding_set_kv": lambda: direct_store(
+            positions, q, k, D, cache, True, v, k_buffer, v_buffer, loc),
+        "rope+KV store: SGLang's call, patched": lambda: target(
+            positions=positions, q=q, k=k, cos_sin_cache=cache, is_neox=True, fused_args=arg),
+    }
+
+    # Same results, bit for bit (each pair from the same inputs).
+    names = list(variants)
+    for i in (0, 2):
+        outs = []
+        for name in names[i: i + 2]:
+            base = qkv.clone()
+            qkv.copy_(base)
+            k_buffer.zero_()
+            v_buffer.zero_()
+            variants[name]()
+            outs.append((qkv.clone(), k_buffer.clone(), v_buffer.clone()))
+            qkv.copy_(base)
+        assert all(torch.equal(x, y) for x, y in zip(*outs)), f"{names[i]} and {names[i + 1]} differ"
+    print("results: bit-identical between direct and patched calls")
+    if a.profile:
+        for i in (0, 2):
+            ka, kb = kernels(variants[names[i]]), kernels(variants[names[i + 1]])
+            print(f"kernels {'same' if ka == kb else 'DIFFER'}: {ka} vs {kb}")
+
+    for fn in variants.values():  # warm-up
+        per_call_us(fn, 200)
+    samples = {name: [] for name in variants}
+    for _ in range(a.rounds):
+        for name, fn in variants.items():
+            samples[name].append(per_call_us(fn, a.calls))
+    print(f"\n{'variant':<60} {'median us':>10} {'min us':>8}")
+    for name, xs in samples.items():
+        print(f"{name:<60} {statistics.median(xs):>10.3f} {min(xs):>8.3f}")
+    for i in (0, 2):
+        d = [y - x for x, y in zip(samples[names[i]], samples[names[i + 1]])]
+        print(f"{names[i + 1]}: {statistics.median(d):+.3f} us per call over direct "
+              f"(median of per-round differences; target <= +0.3)")
+
+
+if __name__ == "__main__":
+    main()
