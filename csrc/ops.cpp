@@ -15,12 +15,15 @@
 // memory, so the op never syncs the host; position bounds are enforced by the kernel, which
 // leaves tokens with out-of-range positions untouched.
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cmath>
+#include <cstring>
+#include <utility>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -258,6 +261,23 @@ std::optional<Failure> check_store(const StoreArgs& a, const Tensor& positions, 
   return std::nullopt;
 }
 
+// checks.GRAD_MESSAGE: the in-place ops refuse tensors they write that record gradients.
+std::optional<Failure> check_no_grad(const Tensor& query, const Tensor* key, const StoreArgs* store) {
+  if (!at::GradMode::is_enabled()) return std::nullopt;
+  const std::pair<const char*, const Tensor*> written[] = {
+      {"query", &query}, {"key", key}, {"k_buffer", store ? store->k_buffer : nullptr},
+      {"v_buffer", store ? store->v_buffer : nullptr}};
+  for (const auto& [name, t] : written) {
+    if (t && t->requires_grad()) {
+      return fail(PyExc_RuntimeError, name,
+                  ": requires grad, but rope_compat's in-place ops are not differentiable; use "
+                  "rope_compat.apply_rope_with_cos_sin_cache (out of place, differentiable), or call the "
+                  "in-place op under torch.no_grad() or torch.inference_mode()");
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<Failure> run(const Tensor& positions, const Tensor& query, const Tensor* key,
          int64_t head_size, const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
          const Tensor* offsets, const StoreArgs* store = nullptr) {
@@ -328,6 +348,7 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
   }
   KvStoreParams sp{};
   if (store) RETURN_IF_FAILED(check_store(*store, positions, *key, head_size, k.heads, sp));
+  RETURN_IF_FAILED(check_no_grad(query, key, store));
   if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
     return fail(PyExc_ValueError, "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
   }
@@ -375,6 +396,14 @@ std::optional<Failure> run(const Tensor& positions, const Tensor& query, const T
 
 // ---- The Python binding: METH_FASTCALL functions over the CPython API.
 
+// type(o).__name__: tp_name without its module (numpy's "numpy.ndarray" is "ndarray"), as
+// checks.py names a type.
+const char* type_name(PyObject* o) {
+  const char* name = Py_TYPE(o)->tp_name;
+  const char* dot = std::strrchr(name, '.');
+  return dot ? dot + 1 : name;
+}
+
 PyObject* raise(const Failure& f) {
   PyErr_SetString(f.type, f.message.c_str());
   return nullptr;
@@ -393,7 +422,7 @@ bool tensor_arg(PyObject* o, const char* name, const Tensor** out) {
     *out = &THPVariable_Unpack(o);
     return true;
   }
-  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %s", name, Py_TYPE(o)->tp_name);
+  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %s", name, type_name(o));
   return false;
 }
 
@@ -402,7 +431,9 @@ bool optional_tensor_arg(PyObject* o, const char* name, const Tensor** out) {
     *out = nullptr;
     return true;
   }
-  return tensor_arg(o, name, out);
+  if (is_tensor(o)) return tensor_arg(o, name, out);
+  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor or None, got %s", name, type_name(o));
+  return false;
 }
 
 bool int_arg(PyObject* o, const char* name, int64_t* out) {
@@ -422,15 +453,16 @@ bool int_arg(PyObject* o, const char* name, int64_t* out) {
     }
     PyErr_Clear();
   }
-  PyErr_Format(PyExc_TypeError, "%s: expected an int (64-bit), got %s", name, Py_TYPE(o)->tp_name);
+  PyErr_Format(PyExc_TypeError, "%s: expected an int (64-bit), got %s", name, type_name(o));
   return false;
 }
 
+// A bool, or an int as the schema's bool takes one (checks.check_bool).
 bool bool_arg(PyObject* o, const char* name, bool* out) {
-  const int v = PyObject_IsTrue(o);
+  const int v = PyLong_Check(o) ? PyObject_IsTrue(o) : -1;
   if (v < 0) {
     PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, Py_TYPE(o)->tp_name);
+    PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, type_name(o));
     return false;
   }
   *out = v != 0;
@@ -489,7 +521,7 @@ bool optional_float_arg(PyObject* o, const char* name, bool* has, double* out) {
     if (!(*out == -1.0 && PyErr_Occurred())) return true;
     PyErr_Clear();
   }
-  PyErr_Format(PyExc_TypeError, "%s: expected a float or None, got %s", name, Py_TYPE(o)->tp_name);
+  PyErr_Format(PyExc_TypeError, "%s: expected a float or None, got %s", name, type_name(o));
   return false;
 }
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
+from .ops.autograd import needs_grad, rotary_embedding_functional_op
+from .ops.checks import check_batched_types, check_rotary_types, check_set_kv_types
 from .ops.library import rotary_embedding_set_kv_op
 
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
@@ -72,8 +74,8 @@ def rotary_embedding(
     """
     if (
         _C is not None
-        and query.is_cuda
         and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and query.is_cuda
         and not _is_compiling()
         and not torch._C._len_torch_dispatch_stack()
     ):
@@ -83,9 +85,26 @@ def rotary_embedding(
             positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
         )
     else:
-        rotary_embedding_op(
-            positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
-        )
+        args = (positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
+        try:
+            rotary_embedding_op(*args)
+        except RuntimeError:
+            _raise_type_error(check_rotary_types, args)
+            raise
+
+
+def _raise_type_error(check: Callable[..., object], args: tuple) -> None:
+    """Raise `check`'s TypeError for `args`, if it finds one, in place of the error at hand.
+
+    The dispatcher converts an op's arguments by schema before any kernel runs, and raises a
+    RuntimeError of its own for one it cannot convert; the public functions raise the
+    argument-naming TypeError of the checks instead. Checked only once a call has failed, so
+    a good call pays nothing for it.
+    """
+    try:
+        check(*args)
+    except TypeError as e:
+        raise e from None
 
 
 _python_rotary_embedding = rotary_embedding
@@ -162,10 +181,15 @@ def rotary_embedding_set_kv(
     float8; stored = key / k_scale (value / v_scale) rounded once. `cache_loc` rows outside
     the buffer (-1 included) are not stored.
     """
-    rotary_embedding_set_kv_op(
+    args = (
         positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
         cache_loc, k_scale, v_scale, rope_dim_offset,
     )
+    try:
+        rotary_embedding_set_kv_op(*args)
+    except RuntimeError:
+        _raise_type_error(check_set_kv_types, args)
+        raise
 
 
 def apply_rope_with_cos_sin_cache(
@@ -176,7 +200,15 @@ def apply_rope_with_cos_sin_cache(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """FlashInfer's out-of-place API: returns rotated copies, leaves the inputs untouched."""
+    """FlashInfer's out-of-place API: returns rotated copies, leaves the inputs untouched.
+
+    Differentiable with respect to query and key (the backward is the inverse rotation, by the
+    same kernel); the cos/sin cache gets no gradient (a cache that requires grad is refused).
+    Also takes float64 query and key (float64 math, the Torch implementation on any device).
+    """
+    check_rotary_types(positions, query, key, head_size, cos_sin_cache, is_neox)
+    if needs_grad(query, key, cos_sin_cache) or query.dtype == torch.float64:
+        return rotary_embedding_functional_op(positions, query, key, head_size, cos_sin_cache, is_neox)
     q = query.clone()
     k = None if key is None else key.clone()
     rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
@@ -194,9 +226,12 @@ def batched_rotary_embedding(
     cos_sin_cache_offsets: torch.Tensor,
 ) -> None:
     """vLLM's former multi-LoRA op: token t reads cache row `offsets[t] + positions[t]`."""
-    batched_rotary_embedding_op(
-        positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets
-    )
+    args = (positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)
+    try:
+        batched_rotary_embedding_op(*args)
+    except RuntimeError:
+        _raise_type_error(check_batched_types, args)
+        raise
 
 
 def positions_from_offsets(
