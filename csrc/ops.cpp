@@ -457,9 +457,11 @@ bool int_arg(PyObject* o, const char* name, int64_t* out) {
   return false;
 }
 
-// A bool, or an int as the schema's bool takes one (checks.check_bool).
+// A bool, numpy's bool, or an int as the schema's bool takes one (checks.check_bool).
 bool bool_arg(PyObject* o, const char* name, bool* out) {
-  const int v = PyLong_Check(o) ? PyObject_IsTrue(o) : -1;
+  const char* type = type_name(o);
+  const bool ok = PyLong_Check(o) || std::strcmp(type, "bool") == 0 || std::strcmp(type, "bool_") == 0;
+  const int v = ok ? PyObject_IsTrue(o) : -1;
   if (v < 0) {
     PyErr_Clear();
     PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, type_name(o));

@@ -14,7 +14,7 @@ import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
 from .ops.autograd import needs_grad, rotary_embedding_functional_op
-from .ops.checks import check_batched_types, check_rotary_types, check_set_kv_types
+from .ops.checks import check_batched_types, check_int, check_rotary_types, check_set_kv_types, check_tensor
 from .ops.library import rotary_embedding_set_kv_op
 
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
@@ -85,26 +85,12 @@ def rotary_embedding(
             positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
         )
     else:
-        args = (positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
-        try:
-            rotary_embedding_op(*args)
-        except RuntimeError:
-            _raise_type_error(check_rotary_types, args)
-            raise
-
-
-def _raise_type_error(check: Callable[..., object], args: tuple) -> None:
-    """Raise `check`'s TypeError for `args`, if it finds one, in place of the error at hand.
-
-    The dispatcher converts an op's arguments by schema before any kernel runs, and raises a
-    RuntimeError of its own for one it cannot convert; the public functions raise the
-    argument-naming TypeError of the checks instead. Checked only once a call has failed, so
-    a good call pays nothing for it.
-    """
-    try:
-        check(*args)
-    except TypeError as e:
-        raise e from None
+        # The dispatcher would convert some wrong types by schema (a numpy float to an int,
+        # None to a bool) and reject others with its own RuntimeError: check them first.
+        check_rotary_types(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
+        rotary_embedding_op(
+            positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
+        )
 
 
 _python_rotary_embedding = rotary_embedding
@@ -185,11 +171,8 @@ def rotary_embedding_set_kv(
         positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
         cache_loc, k_scale, v_scale, rope_dim_offset,
     )
-    try:
-        rotary_embedding_set_kv_op(*args)
-    except RuntimeError:
-        _raise_type_error(check_set_kv_types, args)
-        raise
+    check_set_kv_types(*args)  # before the dispatcher converts or rejects types by schema
+    rotary_embedding_set_kv_op(*args)
 
 
 def apply_rope_with_cos_sin_cache(
@@ -227,11 +210,8 @@ def batched_rotary_embedding(
 ) -> None:
     """vLLM's former multi-LoRA op: token t reads cache row `offsets[t] + positions[t]`."""
     args = (positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)
-    try:
-        batched_rotary_embedding_op(*args)
-    except RuntimeError:
-        _raise_type_error(check_batched_types, args)
-        raise
+    check_batched_types(*args)  # before the dispatcher converts or rejects types by schema
+    batched_rotary_embedding_op(*args)
 
 
 def positions_from_offsets(
@@ -244,6 +224,10 @@ def positions_from_offsets(
     `[4, 6, 7, 8, 9, 3, 4, 5, 6, 7]`. Pass `num_tokens` (= indptr[-1]) to avoid reading
     it back from the device, which would sync the host. Returns int64 on indptr's device.
     """
+    check_tensor("indptr", indptr)
+    check_tensor("offsets", offsets)
+    if num_tokens is not None:
+        num_tokens = check_int("num_tokens", num_tokens)
     if indptr.dim() != 1 or indptr.numel() < 1:
         raise ValueError(f"indptr: expected a 1-D tensor of batch_size + 1 elements, got {tuple(indptr.shape)}")
     if offsets.dim() != 1 or offsets.numel() != indptr.numel() - 1:

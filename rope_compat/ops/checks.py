@@ -71,8 +71,9 @@ def check_int(name: str, v: object) -> int:
 
 
 def check_bool(name: str, v: object) -> bool:
-    """`v` as a bool: a bool or an int (as the schema's bool takes it); TypeError otherwise."""
-    if not isinstance(v, int):
+    """`v` as a bool: a bool, numpy's bool or an int (as the schema's bool takes it);
+    TypeError otherwise."""
+    if not isinstance(v, int) and type(v).__name__ not in ("bool", "bool_"):
         raise TypeError(f"{name}: expected a bool, got {_type_name(v)}")
     return bool(v)
 
