@@ -5,6 +5,8 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cstring>
+
 #include "checks.h"
 
 namespace rope_compat {
@@ -15,6 +17,14 @@ using RunFn = std::optional<Failure> (*)(const Tensor& positions, const Tensor& 
                                          int64_t head_size, const Tensor& cache, bool is_neox,
                                          int64_t rope_dim_offset, bool inverse, const Tensor* offsets,
                                          const StoreArgs* store);
+
+// type(o).__name__: tp_name without its module (numpy's "numpy.ndarray" is "ndarray"), as
+// checks.py names a type.
+const char* type_name(PyObject* o) {
+  const char* name = Py_TYPE(o)->tp_name;
+  const char* dot = std::strrchr(name, '.');
+  return dot ? dot + 1 : name;
+}
 
 PyObject* raise(const Failure& f) {
   PyErr_SetString(f.type, f.message.c_str());
@@ -34,7 +44,7 @@ bool tensor_arg(PyObject* o, const char* name, const Tensor** out) {
     *out = &THPVariable_Unpack(o);
     return true;
   }
-  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %s", name, Py_TYPE(o)->tp_name);
+  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %s", name, type_name(o));
   return false;
 }
 
@@ -43,7 +53,9 @@ bool optional_tensor_arg(PyObject* o, const char* name, const Tensor** out) {
     *out = nullptr;
     return true;
   }
-  return tensor_arg(o, name, out);
+  if (is_tensor(o)) return tensor_arg(o, name, out);
+  PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor or None, got %s", name, type_name(o));
+  return false;
 }
 
 bool int_arg(PyObject* o, const char* name, int64_t* out) {
@@ -63,15 +75,18 @@ bool int_arg(PyObject* o, const char* name, int64_t* out) {
     }
     PyErr_Clear();
   }
-  PyErr_Format(PyExc_TypeError, "%s: expected an int (64-bit), got %s", name, Py_TYPE(o)->tp_name);
+  PyErr_Format(PyExc_TypeError, "%s: expected an int (64-bit), got %s", name, type_name(o));
   return false;
 }
 
+// A bool, numpy's bool, or an int as the schema's bool takes one (checks.check_bool).
 bool bool_arg(PyObject* o, const char* name, bool* out) {
-  const int v = PyObject_IsTrue(o);
+  const char* type = type_name(o);
+  const bool ok = PyLong_Check(o) || std::strcmp(type, "bool") == 0 || std::strcmp(type, "bool_") == 0;
+  const int v = ok ? PyObject_IsTrue(o) : -1;
   if (v < 0) {
     PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, Py_TYPE(o)->tp_name);
+    PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, type_name(o));
     return false;
   }
   *out = v != 0;
@@ -132,7 +147,7 @@ bool optional_float_arg(PyObject* o, const char* name, bool* has, double* out) {
     if (!(*out == -1.0 && PyErr_Occurred())) return true;
     PyErr_Clear();
   }
-  PyErr_Format(PyExc_TypeError, "%s: expected a float or None, got %s", name, Py_TYPE(o)->tp_name);
+  PyErr_Format(PyExc_TypeError, "%s: expected a float or None, got %s", name, type_name(o));
   return false;
 }
 

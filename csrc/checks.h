@@ -6,12 +6,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <Python.h>
 
 #include <cmath>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "fused_kv_store.h"
 #include "rotary_embedding.h"
@@ -65,7 +67,20 @@ const char* dtype_name(ScalarType t) {
     case ScalarType::Long: return "torch.int64";
     case ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
     case ScalarType::Float8_e5m2: return "torch.float8_e5m2";
-    default: return "a non-float dtype";
+    // The rest as str(dtype) prints them, so a rejection reads the same as checks.py's.
+    case ScalarType::Float8_e4m3fnuz: return "torch.float8_e4m3fnuz";
+    case ScalarType::Float8_e5m2fnuz: return "torch.float8_e5m2fnuz";
+    case ScalarType::Short: return "torch.int16";
+    case ScalarType::Char: return "torch.int8";
+    case ScalarType::Byte: return "torch.uint8";
+    case ScalarType::UInt16: return "torch.uint16";
+    case ScalarType::UInt32: return "torch.uint32";
+    case ScalarType::UInt64: return "torch.uint64";
+    case ScalarType::Bool: return "torch.bool";
+    case ScalarType::ComplexHalf: return "torch.complex32";
+    case ScalarType::ComplexFloat: return "torch.complex64";
+    case ScalarType::ComplexDouble: return "torch.complex128";
+    default: return "an unsupported dtype";
   }
 }
 
@@ -248,6 +263,23 @@ std::optional<Failure> check_store(const StoreArgs& a, const Tensor& positions, 
   return std::nullopt;
 }
 
+// checks.GRAD_MESSAGE: the in-place ops refuse tensors they write that record gradients.
+std::optional<Failure> check_no_grad(const Tensor& query, const Tensor* key, const StoreArgs* store) {
+  if (!at::GradMode::is_enabled()) return std::nullopt;
+  const std::pair<const char*, const Tensor*> written[] = {
+      {"query", &query}, {"key", key}, {"k_buffer", store ? store->k_buffer : nullptr},
+      {"v_buffer", store ? store->v_buffer : nullptr}};
+  for (const auto& [name, t] : written) {
+    if (t && t->requires_grad()) {
+      return fail(PyExc_RuntimeError, name,
+                  ": requires grad, but rope_compat's in-place ops are not differentiable; use "
+                  "rope_compat.apply_rope_with_cos_sin_cache (out of place, differentiable), or call the "
+                  "in-place op under torch.no_grad() or torch.inference_mode()");
+    }
+  }
+  return std::nullopt;
+}
+
 // Checks every argument of a rotary op (and of the KV store when `store` is set) for a kernel
 // that takes tensors on `device_type` (else a ValueError ending in `device_message`), then
 // fills `p` (and `sp`). `p` and `sp` must come value-initialized: when there is nothing to
@@ -321,6 +353,7 @@ std::optional<Failure> check_rotary(const Tensor& positions, const Tensor& query
     }
   }
   if (store) RETURN_IF_FAILED(check_store(*store, positions, *key, head_size, k.heads, sp));
+  RETURN_IF_FAILED(check_no_grad(query, key, store));
   if (num_tokens > INT32_MAX || q.heads + k.heads > INT32_MAX) {
     return fail(PyExc_ValueError, "positions: at most 2**31 - 1 tokens are supported, got ", num_tokens);
   }

@@ -115,7 +115,7 @@ bool int_list_arg(PyObject* o, const char* name, std::vector<int64_t>* out) {
   PyObject* seq = (PyList_Check(o) || PyTuple_Check(o)) ? PySequence_Fast(o, name) : nullptr;
   if (seq == nullptr) {
     PyErr_Clear();
-    PyErr_Format(PyExc_TypeError, "%s: expected a list of ints, got %s", name, Py_TYPE(o)->tp_name);
+    PyErr_Format(PyExc_TypeError, "%s: expected a list of ints, got %s", name, type_name(o));
     return false;
   }
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);

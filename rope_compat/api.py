@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
+from .ops.autograd import needs_grad, rotary_embedding_functional_op
+from .ops.checks import check_batched_types, check_int, check_rotary_types, check_set_kv_types, check_tensor
 from .ops.library import mrope_rotary_embedding_op, rotary_embedding_set_kv_op
 
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
@@ -78,8 +80,8 @@ def rotary_embedding(
     """
     if (
         _C is not None
-        and query.is_cuda
         and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and query.is_cuda
         and not _is_compiling()
         and not torch._C._len_torch_dispatch_stack()
     ):
@@ -87,6 +89,9 @@ def rotary_embedding(
     elif _plain_eager_cpu(query, key):
         _cpu_direct(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
     else:
+        # The dispatcher would convert some wrong types by schema (a numpy float to an int,
+        # None to a bool) and reject others with its own RuntimeError: check them first.
+        check_rotary_types(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
         rotary_embedding_op(
             positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
         )
@@ -168,8 +173,8 @@ def rotary_embedding_set_kv(
     """
     if (
         _C is not None
-        and query.is_cuda
         and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and query.is_cuda
         and not _is_compiling()
         and not torch._C._len_torch_dispatch_stack()
     ):
@@ -180,10 +185,12 @@ def rotary_embedding_set_kv(
             cache_loc, k_scale, v_scale, rope_dim_offset,
         )
     else:
-        rotary_embedding_set_kv_op(
+        args = (
             positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
             cache_loc, k_scale, v_scale, rope_dim_offset,
         )
+        check_set_kv_types(*args)  # before the dispatcher converts or rejects types by schema
+        rotary_embedding_set_kv_op(*args)
 
 
 def mrope_rotary_embedding(
@@ -203,8 +210,8 @@ def mrope_rotary_embedding(
     interleaved (Qwen3-VL). One CUDA launch; rope_compat/ops/mrope.py has the rules."""
     if (
         _C_mrope is not None
-        and query.is_cuda
         and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and query.is_cuda
         and not _is_compiling()
         and not torch._C._len_torch_dispatch_stack()
     ):
@@ -228,7 +235,15 @@ def apply_rope_with_cos_sin_cache(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """FlashInfer's out-of-place API: returns rotated copies, leaves the inputs untouched."""
+    """FlashInfer's out-of-place API: returns rotated copies, leaves the inputs untouched.
+
+    Differentiable with respect to query and key (the backward is the inverse rotation, by the
+    same kernel); the cos/sin cache gets no gradient (a cache that requires grad is refused).
+    Also takes float64 query and key (float64 math, the Torch implementation on any device).
+    """
+    check_rotary_types(positions, query, key, head_size, cos_sin_cache, is_neox)
+    if needs_grad(query, key, cos_sin_cache) or query.dtype == torch.float64:
+        return rotary_embedding_functional_op(positions, query, key, head_size, cos_sin_cache, is_neox)
     q = query.clone()
     k = None if key is None else key.clone()
     rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
@@ -246,9 +261,9 @@ def batched_rotary_embedding(
     cos_sin_cache_offsets: torch.Tensor,
 ) -> None:
     """vLLM's former multi-LoRA op: token t reads cache row `offsets[t] + positions[t]`."""
-    batched_rotary_embedding_op(
-        positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets
-    )
+    args = (positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)
+    check_batched_types(*args)  # before the dispatcher converts or rejects types by schema
+    batched_rotary_embedding_op(*args)
 
 
 def positions_from_offsets(
@@ -261,6 +276,10 @@ def positions_from_offsets(
     `[4, 6, 7, 8, 9, 3, 4, 5, 6, 7]`. Pass `num_tokens` (= indptr[-1]) to avoid reading
     it back from the device, which would sync the host. Returns int64 on indptr's device.
     """
+    check_tensor("indptr", indptr)
+    check_tensor("offsets", offsets)
+    if num_tokens is not None:
+        num_tokens = check_int("num_tokens", num_tokens)
     if indptr.dim() != 1 or indptr.numel() < 1:
         raise ValueError(f"indptr: expected a 1-D tensor of batch_size + 1 elements, got {tuple(indptr.shape)}")
     if offsets.dim() != 1 or offsets.numel() != indptr.numel() - 1:

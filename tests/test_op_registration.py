@@ -164,11 +164,18 @@ def test_dispatch_modes_see_the_op():
 
 
 @pytest.mark.parametrize("leaf", [True, False])
-def test_tensors_that_require_grad_are_rotated_in_place(device, leaf):
-    """Like vLLM's op, the rotation is not differentiable: it writes in place, unrecorded."""
+def test_tensors_that_require_grad_are_refused_in_place(device, leaf):
+    """The in-place op is not differentiable: with grad mode on it refuses a query that requires
+    grad (naming the differentiable function) before writing; under no_grad it rotates."""
     case = make_case(tokens=(4,), device=device)
     q = case.query.requires_grad_() if leaf else case.query.requires_grad_() * 2
+    before_q, before_k = q.detach().clone(), case.key.clone()
+    for call in (rope_compat.rotary_embedding, torch.ops.rope_compat.rotary_embedding):
+        with pytest.raises(RuntimeError, match=r"query: requires grad.*apply_rope_with_cos_sin_cache"):
+            call(case.positions, q, case.key, 64, case.cos_sin_cache, True)
+        assert torch.equal(q.detach(), before_q) and torch.equal(case.key, before_k)
     expected_q, expected_k = rope_reference(case.positions, q.detach(), case.key, 64, case.cos_sin_cache, True)
-    rope_compat.rotary_embedding(case.positions, q, case.key, 64, case.cos_sin_cache, True)
+    with torch.no_grad():
+        rope_compat.rotary_embedding(case.positions, q, case.key, 64, case.cos_sin_cache, True)
     assert_matches_reference(q.detach(), expected_q)
     assert_matches_reference(case.key, expected_k)

@@ -1,6 +1,7 @@
 """The plain float64 RoPE that every example checks its results against.
 
-Written from the definition and independent of rope-compat (no cache, no rope-compat code):
+Written from the definition and independent of rope-compat's math (no cache, no rope-compat
+code but its tolerance table, the one its tests use):
 token t at position p rotates pair k of the first `2 * len(freqs)` dims of each head by the
 angle `p * freqs[k]`, computed in float64. NeoX style pairs dims (k, k + r/2), GPT-J style
 pairs (2k, 2k + 1).
@@ -10,12 +11,8 @@ from __future__ import annotations
 
 import torch
 
-# (rtol, atol) by result dtype: one ulp of it, as the op rounds its float32 math once.
-TOLERANCES = {
-    torch.float32: (2e-6, 1e-5),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (8e-3, 8e-3),
-}
+# (rtol, atol) by result dtype, one ulp of it: rope-compat's own table, shared with its tests.
+from rope_compat.tolerances import rtol_atol
 
 
 def default_freqs(rotary_dim: int, theta: float) -> torch.Tensor:
@@ -44,7 +41,7 @@ def rope64(
 
 def check(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
     """Raise AssertionError unless `actual` is within one ulp of its dtype of `expected`."""
-    rtol, atol = TOLERANCES[actual.dtype]
+    rtol, atol = rtol_atol(actual.dtype)
     err = (actual.double() - expected).abs()
     worst = (err / (atol + rtol * expected.abs())).max().item()
     if not worst <= 1.0:

@@ -19,15 +19,9 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from ..bench.external import CallInfo, installed_externals
+from ..tolerances import rtol_atol
 from .reference import rope_reference
 
-# rtol is one ulp of the output dtype (the op rounds its float32 result once); atol covers
-# outputs near zero. Same table as the test suite's.
-TOLERANCES = {
-    torch.float32: (2e-6, 1e-5),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (8e-3, 8e-3),
-}
 
 DTYPES = (  # (q/k dtype, cache dtype): q's own dtype (vLLM's habit) and float32 (FlashInfer's)
     (torch.float32, torch.float32),
@@ -132,7 +126,7 @@ class Outcome(NamedTuple):
 
 def _compare(case: Case, before: Inputs, after_q, after_k, ref_q, ref_k, base_before) -> Outcome:
     g = case.geometry
-    rtol, atol = TOLERANCES[case.dtype]
+    rtol, atol = rtol_atol(case.dtype)
     worst, max_abs, notes = 0.0, 0.0, []
     rotated = torch.zeros(g.head_size, dtype=torch.bool)
     rotated[g.offset : g.offset + g.rot_dim] = True

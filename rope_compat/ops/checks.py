@@ -5,6 +5,14 @@ The CUDA kernel repeats the same checks in C++ (csrc/ops.cpp), because a Python 
 would cost more host time per eager call than the kernel launch itself; it raises the same
 Python exception types with the same messages, so every backend names the same argument.
 
+Argument types come first, all of them in argument order, then values: the CUDA entry point
+converts its arguments in that order before it checks any value, so the first bad argument is
+the one named on every path. A type error names the argument, what was expected and the type's
+name as `type(x).__name__` spells it. The registered op goes through the dispatcher, which
+converts its arguments by schema first: for an argument it cannot convert (a float head_size,
+a string for a tensor) the dispatcher raises its own RuntimeError, which names the argument and
+the schema's type, before any kernel runs; None for a tensor reaches these checks.
+
 These checks never read tensor data, so they cost no device sync and also run on fake
 tensors. Position bounds need the data: the Torch implementation checks them on the CPU,
 where its cache gather reads the positions anyway (`check_positions_in_range`); on other
@@ -13,14 +21,122 @@ devices a token whose position is outside `[0, cache rows)` is left untouched by
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import operator
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 POSITION_DTYPES = (torch.int32, torch.int64)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
+# The in-place ops write query and key behind autograd's back, so they refuse tensors that
+# record gradients (never a wrong gradient); the out-of-place function is differentiable.
+# The CUDA entry point (csrc/ops.cpp) raises this same text.
+GRAD_MESSAGE = (
+    "{name}: requires grad, but rope_compat's in-place ops are not differentiable; use "
+    "rope_compat.apply_rope_with_cos_sin_cache (out of place, differentiable), or call the "
+    "in-place op under torch.no_grad() or torch.inference_mode()"
+)
+
+
+def _type_name(x: object) -> str:
+    return type(x).__name__
+
+
+def check_tensor(name: str, x: object) -> None:
+    """TypeError unless `x` is a tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {_type_name(x)}")
+
+
+def check_optional_tensor(name: str, x: object) -> None:
+    """TypeError unless `x` is a tensor or None."""
+    if x is not None and not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {_type_name(x)}")
+
+
+def check_int(name: str, v: object) -> int:
+    """`v` as an int: an int (bool included, as the schema's int takes it) or any object
+    with `__index__` (numpy integers), within int64; TypeError otherwise."""
+    if type(v) is not int:
+        try:
+            v = operator.index(v)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"{name}: expected an int (64-bit), got {_type_name(v)}") from None
+    if not _INT64_MIN <= v <= _INT64_MAX:
+        raise TypeError(f"{name}: expected an int (64-bit), got {_type_name(v)}")
+    return v
+
+
+def check_bool(name: str, v: object) -> bool:
+    """`v` as a bool: a bool, numpy's bool or an int (as the schema's bool takes it);
+    TypeError otherwise."""
+    if not isinstance(v, int) and type(v).__name__ not in ("bool", "bool_"):
+        raise TypeError(f"{name}: expected a bool, got {_type_name(v)}")
+    return bool(v)
+
+
+def check_optional_float(name: str, v: object) -> None:
+    """TypeError unless `v` is a float, an int or None."""
+    if v is not None and not isinstance(v, (float, int)):
+        raise TypeError(f"{name}: expected a float or None, got {_type_name(v)}")
+
+
+def check_rotary_types(
+    positions: object, query: object, key: object, head_size: object, cos_sin_cache: object,
+    is_neox: object, rope_dim_offset: object = 0, inverse: object = False,
+) -> Tuple[int, int]:
+    """The argument types of `rotary_embedding`, in argument order; (head_size, rope_dim_offset)."""
+    check_tensor("positions", positions)
+    check_tensor("query", query)
+    check_optional_tensor("key", key)
+    head_size = check_int("head_size", head_size)
+    check_tensor("cos_sin_cache", cos_sin_cache)
+    check_bool("is_neox", is_neox)
+    rope_dim_offset = check_int("rope_dim_offset", rope_dim_offset)
+    check_bool("inverse", inverse)
+    return head_size, rope_dim_offset
+
+
+def check_batched_types(
+    positions: object, query: object, key: object, head_size: object, cos_sin_cache: object,
+    is_neox: object, rot_dim: object, cos_sin_cache_offsets: object,
+) -> Tuple[int, int]:
+    """The argument types of `batched_rotary_embedding`, in order; (head_size, rot_dim)."""
+    head_size, _ = check_rotary_types(positions, query, key, head_size, cos_sin_cache, is_neox)
+    rot_dim = check_int("rot_dim", rot_dim)
+    check_tensor("cos_sin_cache_offsets", cos_sin_cache_offsets)
+    return head_size, rot_dim
+
+
+def check_set_kv_types(
+    positions: object, query: object, key: object, head_size: object, cos_sin_cache: object,
+    is_neox: object, value: object, k_buffer: object, v_buffer: object, cache_loc: object,
+    k_scale: object = None, v_scale: object = None, rope_dim_offset: object = 0,
+) -> Tuple[int, int]:
+    """The argument types of `rotary_embedding_set_kv`, in order; (head_size, rope_dim_offset)."""
+    check_tensor("positions", positions)
+    check_tensor("query", query)
+    check_tensor("key", key)  # the stored key: required
+    head_size = check_int("head_size", head_size)
+    check_tensor("cos_sin_cache", cos_sin_cache)
+    check_bool("is_neox", is_neox)
+    for name, t in (("value", value), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("cache_loc", cache_loc)):
+        check_tensor(name, t)
+    check_optional_float("k_scale", k_scale)
+    check_optional_float("v_scale", v_scale)
+    return head_size, check_int("rope_dim_offset", rope_dim_offset)
+
+
+def check_no_grad(query: torch.Tensor, key: Optional[torch.Tensor], *written: Tuple[str, torch.Tensor]) -> None:
+    """RuntimeError if grad mode is on and a tensor the op writes (query, key, and the
+    `written` (name, tensor) pairs) requires grad (see GRAD_MESSAGE)."""
+    if torch.is_grad_enabled():
+        for name, x in (("query", query), ("key", key), *written):
+            if x is not None and x.requires_grad:
+                raise RuntimeError(GRAD_MESSAGE.format(name=name))
 
 
 class RotaryShape(NamedTuple):
@@ -66,6 +182,7 @@ def check_rotary_args(
     cos_sin_cache: torch.Tensor,
     rope_dim_offset: int = 0,
     cache_offsets: Optional[torch.Tensor] = None,
+    allow_float64: bool = False,
 ) -> RotaryShape:
     """Raise ValueError/TypeError/IndexError naming the bad argument; return derived sizes.
 
@@ -81,8 +198,9 @@ def check_rotary_args(
     if not positions.is_contiguous():
         raise ValueError("positions: must be contiguous")
     dtype = query.dtype
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"query: expected dtype float32, float16 or bfloat16, got {dtype}")
+    if dtype not in FLOAT_DTYPES and not (allow_float64 and dtype == torch.float64):
+        expected = "float32, float16, bfloat16 or float64" if allow_float64 else "float32, float16 or bfloat16"
+        raise TypeError(f"query: expected dtype {expected}, got {dtype}")
     if key is not None and key.dtype != dtype:
         raise TypeError(f"key: dtype {key.dtype} must equal query's dtype {dtype}")
     if cos_sin_cache.dtype not in CACHE_DTYPES:

@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .checks import POSITION_DTYPES, _heads, check_rotary_args
+from .checks import POSITION_DTYPES, _heads, check_no_grad, check_rotary_args, check_set_kv_types
 from . import torch_impl
 
 BUFFER_DTYPES = (
@@ -91,8 +91,10 @@ def check_kv_store_args(
     rope_dim_offset: int = 0,
 ) -> KVStoreShape:
     """The rotary checks, then the store's; errors name the argument. Reads no tensor data."""
-    if key is None:
-        raise ValueError("key: required when the rotated key is stored in k_buffer")
+    head_size, rope_dim_offset = check_set_kv_types(
+        positions, query, key, head_size, cos_sin_cache, False, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, rope_dim_offset,
+    )
     shape = check_rotary_args(positions, query, key, head_size, cos_sin_cache, rope_dim_offset)
     kv_heads = shape.num_kv_heads
     device = positions.device
@@ -160,10 +162,15 @@ def rotary_embedding_set_kv(
     rope_dim_offset: int = 0,
 ) -> None:
     """Rotate query and key in place, then store the key and value rows (see module doc)."""
+    head_size, rope_dim_offset = check_set_kv_types(
+        positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, rope_dim_offset,
+    )
     layouts = check_kv_store_args(
         positions, query, key, head_size, cos_sin_cache, value, k_buffer, v_buffer,
         cache_loc, k_scale, v_scale, rope_dim_offset,
     )
+    check_no_grad(query, key, ("k_buffer", k_buffer), ("v_buffer", v_buffer))
     num_tokens = positions.numel()
     if num_tokens == 0 or key.numel() == 0:
         return

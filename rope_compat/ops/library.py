@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import kv_store, mrope, torch_impl
-from .checks import check_rotary_args
+from .checks import check_batched_types, check_no_grad, check_rotary_args, check_rotary_types
 
 NAMESPACE = "rope_compat"
 
@@ -50,7 +50,7 @@ lib.define(MROPE_SCHEMA)
 
 
 def _check_batched_rot_dim(rot_dim: int, cos_sin_cache: torch.Tensor) -> None:
-    if rot_dim != cos_sin_cache.shape[-1]:
+    if cos_sin_cache.dim() >= 1 and rot_dim != cos_sin_cache.shape[-1]:
         raise ValueError(
             f"rot_dim: {rot_dim} must equal cos_sin_cache.shape[1] = {cos_sin_cache.shape[-1]}"
         )
@@ -83,6 +83,7 @@ def _batched_torch(
     rot_dim: int,
     cos_sin_cache_offsets: torch.Tensor,
 ) -> None:
+    check_batched_types(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)
     _check_batched_rot_dim(rot_dim, cos_sin_cache)
     torch_impl.rotary_embedding(
         positions, query, key, head_size, cos_sin_cache, is_neox,
@@ -92,18 +93,22 @@ def _batched_torch(
 
 @torch.library.register_fake(f"{NAMESPACE}::rotary_embedding", lib=lib)
 def _rotary_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False):
+    check_rotary_types(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
     check_rotary_args(
         positions, query, key, head_size, cos_sin_cache, rope_dim_offset
     )
+    check_no_grad(query, key)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::batched_rotary_embedding", lib=lib)
 def _batched_fake(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets):
+    check_batched_types(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)
     _check_batched_rot_dim(rot_dim, cos_sin_cache)
     check_rotary_args(
         positions, query, key, head_size, cos_sin_cache,
         cache_offsets=cos_sin_cache_offsets,
     )
+    check_no_grad(query, key)
 
 
 @torch.library.impl(lib, "rotary_embedding_set_kv", "CompositeExplicitAutograd")
@@ -122,6 +127,7 @@ def _set_kv_fake(positions, query, key, head_size, cos_sin_cache, is_neox, value
         positions, query, key, head_size, cos_sin_cache, value, k_buffer, v_buffer,
         cache_loc, k_scale, v_scale, rope_dim_offset,
     )
+    check_no_grad(query, key, ("k_buffer", k_buffer), ("v_buffer", v_buffer))
 
 
 @torch.library.impl(lib, "mrope_rotary_embedding", "CompositeExplicitAutograd")

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .checks import POSITION_DTYPES, RotaryShape, check_positions_in_range, check_rotary_args
+from .checks import POSITION_DTYPES, RotaryShape, check_no_grad, check_positions_in_range, check_rotary_args
 from . import torch_impl
 
 
@@ -51,6 +51,7 @@ def check_mrope_args(
         )
     # One row stands for the tokens: the q/k layout checks are the plain op's.
     rs = check_rotary_args(positions[0], query, key, head_size, cos_sin_cache, rope_dim_offset)
+    check_no_grad(query, key)  # in place, so not differentiable (the C++ checks' order)
     half = rs.rot_dim // 2
     sections = list(mrope_section)
     if len(sections) != 3 or min(sections) < 0 or sum(sections) != half:

@@ -21,7 +21,10 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
-from .checks import RotaryShape, check_positions_in_range, check_rotary_args
+from .checks import (
+    RotaryShape, check_no_grad, check_positions_in_range, check_rotary_args, check_rotary_types,
+    check_tensor,
+)
 
 # Float32 bytes of the rotated part of q and k per block of tokens. Measured on a 2-core
 # x86 machine (1 MB L2 per core): smaller blocks pay per-op overhead more often, larger
@@ -63,8 +66,9 @@ def _gather_cos_sin(
     cos_sin_cache: torch.Tensor,
     inverse: bool,
     cache_offsets: Optional[torch.Tensor],
+    math_dtype: torch.dtype = torch.float32,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 cos, sin and -sin per token, each [*positions.shape, 1, rot_dim / 2].
+    """cos, sin and -sin per token in `math_dtype`, each [*positions.shape, 1, rot_dim / 2].
 
     The 1 broadcasts over heads. `inverse` negates the angle, i.e. swaps sin and -sin.
     """
@@ -75,7 +79,7 @@ def _gather_cos_sin(
         cs = _cache_rows_checked(rows, cos_sin_cache)
     else:
         cs = _cache_rows_or_identity(rows, cos_sin_cache)
-    cos, sin = cs.float().view(*positions.shape, 1, 2, -1).unbind(-2)
+    cos, sin = cs.to(math_dtype).view(*positions.shape, 1, 2, -1).unbind(-2)
     neg_sin = -sin
     return (cos, neg_sin, sin) if inverse else (cos, sin, neg_sin)
 
@@ -101,7 +105,7 @@ def _rotate_(
         pairs = part.unflatten(-1, (2, half))
     else:
         pairs = part.unflatten(-1, (half, 2)).transpose(-1, -2)
-    work = pairs.float()  # a float32 copy for f16/bf16; `pairs` itself for float32
+    work = pairs.to(cos.dtype)  # a float32 copy for f16/bf16; `pairs` itself for float32 (float64)
     a, b = work.unbind(-2)
     b_neg_sin = b * neg_sin  # both products read the inputs before a and b are overwritten
     a_sin = a * sin
@@ -140,7 +144,8 @@ def _rotate_tokens(
     shape: RotaryShape,
 ) -> None:
     """Rotate `tensors` (checked, non-empty) in blocks of tokens."""
-    cos, sin, neg_sin = _gather_cos_sin(positions, cos_sin_cache, inverse, cache_offsets)
+    math_dtype = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+    cos, sin, neg_sin = _gather_cos_sin(positions, cos_sin_cache, inverse, cache_offsets, math_dtype)
     args = (head_size, rope_dim_offset, shape.rot_dim)
     heads = sum(x.numel() for x in tensors) // (shape.num_tokens * head_size)
     block = max(1, _BLOCK_BYTES // (4 * shape.rot_dim * heads))
@@ -164,20 +169,31 @@ def rotary_embedding(
     rope_dim_offset: int = 0,
     inverse: bool = False,
     cache_offsets: Optional[torch.Tensor] = None,
+    *,
+    allow_float64: bool = False,
 ) -> None:
-    """Rotate `query` and `key` in place (vLLM semantics; `cache_offsets` adds per-token rows)."""
+    """Rotate `query` and `key` in place (vLLM semantics; `cache_offsets` adds per-token rows).
+
+    `allow_float64` (the differentiable op's float64 path, for gradient checks) also takes
+    float64 query and key, rotated in float64 math; the op itself takes float32/16/bf16.
+
+    Refuses (RuntimeError) a query or key that requires grad while grad mode is on: the
+    rotation is not recorded by autograd (checks.GRAD_MESSAGE names the differentiable path).
+    """
+    head_size, rope_dim_offset = check_rotary_types(
+        positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse
+    )
+    if cache_offsets is not None:
+        check_tensor("cos_sin_cache_offsets", cache_offsets)
     # Bounds are checked by the gather in _gather_cos_sin, at no extra cost.
     shape = check_rotary_args(
-        positions, query, key, head_size, cos_sin_cache, rope_dim_offset, cache_offsets
+        positions, query, key, head_size, cos_sin_cache, rope_dim_offset, cache_offsets, allow_float64
     )
+    check_no_grad(query, key)
     tensors = tuple(x for x in (query, key) if x is not None and x.numel() > 0)
     if not tensors:  # no tokens, or no heads
         return
-    args = (positions, tensors, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse, cache_offsets, shape)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        # The op is not differentiable (nor is vLLM's): it rotates in place, unrecorded, as
-        # the compiled kernels do (and the `out=` math refuses tensors that record grad).
-        with torch.no_grad():
-            _rotate_tokens(*args)
-    else:
-        _rotate_tokens(*args)
+    _rotate_tokens(
+        positions, tensors, head_size, cos_sin_cache, bool(is_neox), rope_dim_offset, bool(inverse),
+        cache_offsets, shape,
+    )

@@ -6,6 +6,7 @@ from typing import Any, Dict, Hashable, Mapping, Optional
 
 import torch
 
+from ..ops.checks import check_bool, check_int
 from .cache import normalize_rope_parameters, resolve_base
 from .module import MRotaryEmbedding, RotaryEmbedding
 
@@ -68,6 +69,11 @@ def get_rope(
     ValueError listing the known ones; `dual_chunk_attention_config` and FoPE are not
     supported (ValueError).
     """
+    check_int("head_size", head_size)
+    check_int("max_position", max_position)
+    check_bool("is_neox_style", is_neox_style)
+    if rope_parameters is not None and not isinstance(rope_parameters, Mapping):
+        raise TypeError(f"rope_parameters: expected a dict or None, got {type(rope_parameters).__name__}")
     dtype = dtype if dtype is not None else torch.get_default_dtype()
     key = (
         head_size, max_position, is_neox_style, _hashable(rope_parameters), dtype,
@@ -86,7 +92,11 @@ def get_rope(
     rot_dim = _rotary_dim(head_size, params, partial_rotary_factor, rotary_dim)
     rope_type = params["rope_type"]
     # vLLM builds these for the pre-scaling length (their caches hold length * factor rows).
-    length = params["original_max_position_embeddings"] if rope_type in ("yarn", "deepseek_yarn") else max_position
+    length = max_position
+    if rope_type in ("yarn", "deepseek_yarn"):
+        length = params.get("original_max_position_embeddings")
+        if length is None:  # the message RotaryEmbedding gives for the same parameters
+            raise ValueError(f"rope_parameters: rope_type {rope_type!r} needs original_max_position_embeddings")
 
     common = (head_size, rot_dim, length, theta, is_neox_style, dtype, params)
     if params.get("mrope_section") and rope_type in ("default", "yarn"):

@@ -17,7 +17,10 @@ import torch
 from torch import nn
 
 from ..api import mrope_rotary_embedding, rotary_embedding
+from ..ops.autograd import needs_grad, rotary_embedding_functional_op
+from ..ops.checks import check_bool, check_int, check_tensor
 from . import frequencies as fq
+from .mrope import mrope_cos_sin_rows
 from .cache import (
     compute_cos_sin_cache,
     cos_sin_rows,
@@ -28,6 +31,40 @@ from .cache import (
 
 # Types whose vLLM module is built for the *original* length and holds `length * factor` rows.
 _ROWS_TIMES_FACTOR = ("linear", "yarn", "deepseek_yarn")
+
+
+def check_module_args(
+    head_size: Any, rotary_dim: Any, max_position_embeddings: Any, base: Any, is_neox_style: Any,
+    dtype: Any, rope_parameters: Any, cache_dtype: Any,
+) -> Tuple[int, int, int]:
+    """TypeError/ValueError naming the bad constructor argument; the three sizes as ints."""
+    head_size = check_int("head_size", head_size)
+    rotary_dim = check_int("rotary_dim", rotary_dim)
+    max_position_embeddings = check_int("max_position_embeddings", max_position_embeddings)
+    if base is not None and (isinstance(base, bool) or not isinstance(base, (int, float))):
+        raise TypeError(f"base: expected a float or None, got {type(base).__name__}")
+    check_bool("is_neox_style", is_neox_style)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch.dtype or None, got {type(dtype).__name__}")
+    if not isinstance(cache_dtype, torch.dtype):
+        raise TypeError(f"cache_dtype: expected a torch.dtype, got {type(cache_dtype).__name__}")
+    if rope_parameters is not None and not isinstance(rope_parameters, Mapping):
+        raise TypeError(f"rope_parameters: expected a dict or None, got {type(rope_parameters).__name__}")
+    if head_size <= 0:
+        raise ValueError(f"head_size: must be positive, got {head_size}")
+    if rotary_dim > head_size:
+        raise ValueError(f"rotary_dim: {rotary_dim} exceeds head_size={head_size}")
+    if max_position_embeddings < 0:
+        raise ValueError(f"max_position_embeddings: must be >= 0, got {max_position_embeddings}")
+    return head_size, rotary_dim, max_position_embeddings
+
+
+def _rotate(positions, query, key, head_size: int, cache: torch.Tensor, is_neox: bool):
+    """In place and returned; out of place (differentiable) when autograd must record it."""
+    if needs_grad(query, key, cache):
+        return rotary_embedding_functional_op(positions, query, key, head_size, cache, is_neox)
+    rotary_embedding(positions, query, key, head_size, cache, is_neox)
+    return query, key
 
 
 class RotaryEmbedding(nn.Module):
@@ -54,6 +91,10 @@ class RotaryEmbedding(nn.Module):
         cache_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
+        head_size, rotary_dim, max_position_embeddings = check_module_args(
+            head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype, rope_parameters,
+            cache_dtype,
+        )
         params = normalize_rope_parameters(rope_parameters)
         self.rope_type: str = params["rope_type"]
         self.head_size = head_size
@@ -118,9 +159,13 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Rotate `query` and `key` in place (vLLM layouts) and return them."""
-        rotary_embedding(positions, query, key, self.head_size, self._cache_for(query), self.is_neox_style)
-        return query, key
+        """Rotate `query` and `key` in place (vLLM layouts) and return them.
+
+        With grad mode on and a query or key that requires grad, return rotated copies instead
+        (differentiable, the inputs untouched), as vLLM's `forward_native` does.
+        """
+        check_tensor("query", query)
+        return _rotate(positions, query, key, self.head_size, self._cache_for(query), self.is_neox_style)
 
     def extra_repr(self) -> str:
         return (
@@ -170,10 +215,19 @@ class MRotaryEmbedding(RotaryEmbedding):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        check_tensor("positions", positions)
+        check_tensor("query", query)
         if positions.dim() == 1:
             return super().forward(positions, query, key)
+        cache = self._cache_for(query)
+        if needs_grad(query, key, cache):
+            # The differentiable path: each token's cos/sin row gathered, then the functional
+            # rotation (its backward is the inverse rotation).
+            rows = mrope_cos_sin_rows(positions, cache, self.mrope_section, self.mrope_interleaved)
+            token = torch.arange(rows.shape[0], device=positions.device)
+            return _rotate(token, query, key, self.head_size, rows, self.is_neox_style)
         mrope_rotary_embedding(
-            positions, query, key, self.head_size, self._cache_for(query), self.is_neox_style,
+            positions, query, key, self.head_size, cache, self.is_neox_style,
             self.mrope_section, self.mrope_interleaved,
         )
         return query, key
