@@ -155,7 +155,8 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
     for (int i = 0; i < V; ++i) {
       if constexpr (sizeof(B) <= 2) {
         const float q = f[i] * inv;
-        f[i] = isfinite(q) ? __fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q) : q;
+        // copysignf keeps the sign of a zero quotient (-0 / s is -0; the correction adds +0).
+        f[i] = isfinite(q) ? copysignf(__fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q), q) : q;
       } else {
         f[i] = f[i] / scale;
       }

@@ -66,7 +66,7 @@ def test_entry_hands_fake_tensors_to_the_op_cuda():
     ((1, 2, 3), r"missing 3 required positional arguments"),
     (("positions", [0, 1]), r"positions: expected a torch.Tensor, got list"),
     (("head_size", 64.0), r"head_size: expected an int \(64-bit\), got float"),
-    (("key", "k"), r"key: expected a torch.Tensor, got str"),
+    (("key", "k"), r"key: expected a torch.Tensor or None, got str"),
 ])
 @pytest.mark.gpu
 def test_entry_rejects_wrong_types_by_name_cuda(bad, match):
