@@ -333,7 +333,7 @@ def test_cuda_kernel_is_registered():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("buffer_dtype", [None, torch.float8_e4m3fn], ids=str)
 @pytest.mark.parametrize("tokens", [1, 64, 3000])
-def test_cuda_kernel_matches_reference_and_cpu(config, is_neox, dtype, buffer_dtype, tokens):
+def test_cuda_kernel_matches_reference(config, is_neox, dtype, buffer_dtype, tokens):
     """Both vector widths (16-byte and scalar: odd sizes), decode and prefill sizes, poisoned
     buffers; stored rows exactly the conversion of the rotated key, every other row untouched."""
     scales = (0.7, 1.3) if buffer_dtype is not None else (None, None)
@@ -382,14 +382,15 @@ def test_cuda_out_of_range_position_stores_key_unrotated():
 @gpu
 @needs_kernel
 @pytest.mark.parametrize("name, bad, exc, match", ALL_BAD, ids=IDS)
-def test_cuda_errors_same_as_cpu(name, bad, exc, match):
-    args = _error_inputs("cpu")
+def test_cuda_errors_same_as_python_checks(name, bad, exc, match):
+    """The C++ entry's message equals the Python checks' on the same CUDA tensors."""
+    args = _error_inputs("cuda")
     args[name] = bad(args)
-    cpu_msg = _expect_error(op, args, exc, match)
+    python_msg = _expect_error(rope_compat.ops.mrope.mrope_rotary_embedding_set_kv, args, exc, match)
     for fn in (op, rope_compat.mrope_rotary_embedding_set_kv):  # the dispatcher, and the direct path
         args = _error_inputs("cuda")
         args[name] = bad(args)
-        assert _expect_error(fn, args, exc, match) == cpu_msg
+        assert _expect_error(fn, args, exc, match) == python_msg
 
 
 @gpu
@@ -399,6 +400,7 @@ def test_cuda_direct_path_names_bad_types(name, bad, message):
     args = _error_inputs("cuda")
     args[name] = bad
     assert _expect_error(rope_compat.mrope_rotary_embedding_set_kv, args, TypeError, None) == message
+    assert _expect_error(extension.direct_binding().mrope_set_kv_launch, args, TypeError, None) == message
 
 
 @gpu
@@ -425,19 +427,22 @@ def test_cuda_graph_no_sync_no_allocation(buffer_dtype):
     with torch.cuda.graph(graph):
         for a in cases:
             _call(a, True, 0.5, 0.25)
+    names = ("q", "k", "k_buf", "v_buf")
     for _ in range(3):
-        expected = []
+        snapshots = []
         for a in cases:  # fresh inputs written into the captured tensors
             a["positions"].random_(0, a["cache"].shape[0])
             a["q"].normal_()
             a["k"].normal_()
             a["value"].normal_()
             a["loc"].copy_(torch.randperm(400, device="cuda")[: a["loc"].numel()])
-            e = {n: (v.clone() if isinstance(v, torch.Tensor) else v) for n, v in a.items()}
-            _call(e, True, 0.5, 0.25)  # eager, on copies
-            expected.append(e)
+            snapshots.append([a[n].clone() for n in names])
         graph.replay()
         torch.cuda.synchronize()
-        for a, e in zip(cases, expected):
-            for n in ("q", "k", "k_buf", "v_buf"):
-                assert torch.equal(_bits(a[n]), _bits(e[n])), n
+        for a, snap in zip(cases, snapshots):
+            replayed = [a[n].clone() for n in names]
+            for n, t in zip(names, snap):  # the same call eagerly, on the same tensors
+                a[n].copy_(t)
+            _call(a, True, 0.5, 0.25)
+            for n, got in zip(names, replayed):
+                assert torch.equal(_bits(got), _bits(a[n])), n
