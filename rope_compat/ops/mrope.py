@@ -15,6 +15,9 @@ Everything else is the plain op (ops/torch_impl.py): the same pairs (NeoX or GPT
 free, so a slice `[:, :T]` of a larger buffer works as is). On the CPU a position outside
 `[0, cache rows)` raises IndexError; on other devices (no host sync) a token with any of
 its three positions outside the cache is left untouched.
+
+`mrope_rotary_embedding_set_kv` is this rotation (no inverse) followed by the KV-cache store
+of ops/kv_store.py, with its checks and rules; a token left unrotated is stored as it is.
 """
 
 from __future__ import annotations
