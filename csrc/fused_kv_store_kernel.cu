@@ -20,6 +20,8 @@
 #include <cstring>
 
 #include "fused_kv_store.h"
+#include "mrope.h"
+#include "mrope_sections.cuh"
 
 namespace rope_compat {
 namespace {
@@ -41,6 +43,9 @@ struct SetKvLaunch {
   FastDiv units_per_token, rot_units_per_head, pass_units_per_head, value_units_per_head, seq_len;
   int32_t rot_units, pass_units;  // per token: rotation units, then pass-through units
   int32_t token_begin, token_end;
+  // MRoPE (kMrope kernels only): positions [3, T] rows this far apart, and the pairs of each row.
+  int64_t positions_row_stride;
+  Sections sec;
 };
 
 template <typename T, int N>
@@ -206,7 +211,39 @@ __device__ __forceinline__ void pdl_prologue() {
 #endif
 }
 
-template <typename T, typename B, int V>
+// MRoPE: cos and sin of pairs [first, first + V), pair i from the cache row of its section;
+// scalar loads, as the pairs of one vector may come from up to three rows.
+template <typename CT, int V>
+__device__ __forceinline__ void load_cs_mrope_typed(const void* cache, int64_t row_stride, const int64_t (&rows)[3],
+                                                    int32_t first, int32_t half, const Sections& sec, float (&c)[V],
+                                                    float (&sn)[V]) {
+  const CT* base = static_cast<const CT*>(cache);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int sid = section_of(sec, first + i);
+    const CT* row = base + (sid == 0 ? rows[0] : sid == 1 ? rows[1] : rows[2]) * row_stride + first + i;
+    c[i] = to_float(row[0]);
+    sn[i] = to_float(row[half]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_cs_mrope(const RotaryParams& p, const int64_t (&rows)[3], int32_t first,
+                                              int32_t half, const Sections& sec, float (&c)[V], float (&sn)[V]) {
+  switch (p.cache_dtype) {
+    case DType::kFloat32: load_cs_mrope_typed<float, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn); break;
+    case DType::kFloat16: load_cs_mrope_typed<__half, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn); break;
+    case DType::kBFloat16:
+      load_cs_mrope_typed<__nv_bfloat16, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn);
+      break;
+    case DType::kFloat64: load_cs_mrope_typed<double, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn); break;
+  }
+}
+
+// kMrope: the MRoPE op (mrope_rotary_embedding_set_kv). positions is the temporal row of
+// [3, T] (seq_len = T), and pair i takes its cos/sin from the row of its section; everything
+// else, the store included, is the plain op's.
+template <typename T, typename B, int V, bool kMrope>
 __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, const KvStoreParams s,
                                                         const SetKvLaunch l) {
   const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^31: the host splits launches
@@ -222,7 +259,12 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
   T* const k_tok = static_cast<T*>(p.key) + b * p.k_batch_stride + t * p.k_token_stride;
 
   if (r < l.rot_units) {
-    int64_t row = load_index(p.positions, p.positions_int64, token);
+    const int64_t row = load_index(p.positions, p.positions_int64, token);
+    int64_t rows[3] = {row, row, row};
+    if constexpr (kMrope) {
+      rows[1] = load_index(p.positions, p.positions_int64, l.positions_row_stride + token);
+      rows[2] = load_index(p.positions, p.positions_int64, 2 * l.positions_row_stride + token);
+    }
     const int32_t h = static_cast<int32_t>(l.rot_units_per_head.div(r));
     const int32_t j = r - h * static_cast<int32_t>(l.rot_units_per_head.d);
     const bool is_key = h >= p.num_heads;
@@ -234,11 +276,18 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
     const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
     Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
-    // A position outside the cache leaves the token unrotated (as the rotary kernel does);
-    // its key is still stored as it is.
-    if (row >= 0 && row < p.cache_rows) {
+    // A position outside the cache (for MRoPE, any of the three) leaves the token unrotated
+    // (as the rotary kernels do); its key is still stored as it is.
+    bool in_cache = true;
+#pragma unroll
+    for (int i = 0; i < (kMrope ? 3 : 1); ++i) in_cache = in_cache && rows[i] >= 0 && rows[i] < p.cache_rows;
+    if (in_cache) {
       float c[V], sn[V];
-      load_cs<V>(p, row * p.cache_row_stride + j * V, half, c, sn);
+      if constexpr (kMrope) {
+        load_cs_mrope<V>(p, rows, j * V, half, l.sec, c, sn);
+      } else {
+        load_cs<V>(p, row * p.cache_row_stride + j * V, half, c, sn);
+      }
       if (p.inverse) {
 #pragma unroll
         for (int i = 0; i < V; ++i) sn[i] = -sn[i];
@@ -325,7 +374,7 @@ bool use_pdl(int dev) {
 }
 
 template <typename T, typename B, int V>
-int launch(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, int device) {
+int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream, int device) {
   const int32_t rot_per_head = p.rot_dim / 2 / V;
   const int32_t pass_per_head = (s.head_size - p.rot_dim) / V;
   const int32_t value_per_head = s.head_size / V;
@@ -339,6 +388,8 @@ int launch(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, i
   l.pass_units_per_head = FastDiv(static_cast<uint32_t>(std::max(pass_per_head, 1)));
   l.value_units_per_head = FastDiv(static_cast<uint32_t>(value_per_head));
   l.seq_len = FastDiv(static_cast<uint32_t>(p.seq_len));
+  l.positions_row_stride = m ? m->positions_row_stride : 0;
+  l.sec = m ? make_sections(*m) : Sections{};
   const int64_t tokens_per_launch = std::max<int64_t>(((int64_t{1} << 31) - kBlock) / per_token, 1);
   for (int64_t begin = 0; begin < p.num_tokens; begin += tokens_per_launch) {
     l.token_begin = static_cast<int32_t>(begin);
@@ -357,7 +408,8 @@ int launch(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, i
     attribute[0].val.programmaticStreamSerializationAllowed = 1;
     config.attrs = attribute;
     config.numAttrs = use_pdl(device) ? 1 : 0;
-    const cudaError_t err = cudaLaunchKernelEx(&config, set_kv_kernel<T, B, V>, p, s, l);
+    const cudaError_t err = m ? cudaLaunchKernelEx(&config, set_kv_kernel<T, B, V, true>, p, s, l)
+                              : cudaLaunchKernelEx(&config, set_kv_kernel<T, B, V, false>, p, s, l);
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
@@ -398,38 +450,49 @@ bool store_allows(const RotaryParams& p, const KvStoreParams& s, int v) {
 }
 
 template <typename T, typename B>
-int dispatch_width(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, int device) {
+int dispatch_width(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream,
+                   int device) {
   // Two widths only, to keep the number of kernels small: 16-byte q/k/v vectors, or scalars
   // for heads and strides that do not allow them.
   constexpr int kWide = 16 / sizeof(T);
-  if (vector_width(p) >= kWide && store_allows(p, s, kWide)) return launch<T, B, kWide>(p, s, stream, device);
-  return launch<T, B, 1>(p, s, stream, device);
+  if (vector_width(p) >= kWide && store_allows(p, s, kWide)) return launch<T, B, kWide>(p, s, m, stream, device);
+  return launch<T, B, 1>(p, s, m, stream, device);
 }
 
 template <typename T>
-int dispatch_buffer(const RotaryParams& p, const KvStoreParams& s, cudaStream_t stream, int device) {
+int dispatch_buffer(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream,
+                    int device) {
   switch (s.buffer_dtype) {
-    case BufferDType::kFloat32: return dispatch_width<T, float>(p, s, stream, device);
-    case BufferDType::kFloat16: return dispatch_width<T, __half>(p, s, stream, device);
-    case BufferDType::kBFloat16: return dispatch_width<T, __nv_bfloat16>(p, s, stream, device);
-    case BufferDType::kFloat64: return dispatch_width<T, double>(p, s, stream, device);
-    case BufferDType::kFloat8E4M3: return dispatch_width<T, E4M3>(p, s, stream, device);
-    case BufferDType::kFloat8E5M2: return dispatch_width<T, E5M2>(p, s, stream, device);
+    case BufferDType::kFloat32: return dispatch_width<T, float>(p, s, m, stream, device);
+    case BufferDType::kFloat16: return dispatch_width<T, __half>(p, s, m, stream, device);
+    case BufferDType::kBFloat16: return dispatch_width<T, __nv_bfloat16>(p, s, m, stream, device);
+    case BufferDType::kFloat64: return dispatch_width<T, double>(p, s, m, stream, device);
+    case BufferDType::kFloat8E4M3: return dispatch_width<T, E4M3>(p, s, m, stream, device);
+    case BufferDType::kFloat8E5M2: return dispatch_width<T, E5M2>(p, s, m, stream, device);
   }
   return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int dispatch_set_kv(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, void* stream, int device) {
+  if (p.num_tokens == 0 || p.key == nullptr) return 0;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (p.dtype) {
+    case DType::kFloat32: return dispatch_buffer<float>(p, s, m, st, device);
+    case DType::kFloat16: return dispatch_buffer<__half>(p, s, m, st, device);
+    case DType::kBFloat16: return dispatch_buffer<__nv_bfloat16>(p, s, m, st, device);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
 }
 
 }  // namespace
 
 int launch_rotary_set_kv(const RotaryParams& p, const KvStoreParams& s, void* stream, int device) {
-  if (p.num_tokens == 0 || p.key == nullptr) return 0;
-  const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (p.dtype) {
-    case DType::kFloat32: return dispatch_buffer<float>(p, s, st, device);
-    case DType::kFloat16: return dispatch_buffer<__half>(p, s, st, device);
-    case DType::kBFloat16: return dispatch_buffer<__nv_bfloat16>(p, s, st, device);
-    default: return static_cast<int>(cudaErrorInvalidValue);
-  }
+  return dispatch_set_kv(p, s, nullptr, stream, device);
+}
+
+int launch_mrope_set_kv(const RotaryParams& p, const KvStoreParams& s, const MropeParams& m, void* stream,
+                        int device) {
+  return dispatch_set_kv(p, s, &m, stream, device);
 }
 
 }  // namespace rope_compat

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "fused_kv_store.h"
 #include "rotary_embedding.h"
 
 namespace rope_compat {
@@ -19,5 +20,11 @@ struct MropeParams {
 // rotates by cache row positions[section(i) * positions_row_stride + t]; a token with a row
 // outside the cache is left untouched. Returns a cudaError_t value, 0 on success.
 int launch_mrope_rotary_embedding(const RotaryParams& p, const MropeParams& m, void* stream, int device);
+
+// mrope_rotary_embedding_set_kv: the rotation above (p.key must be set), then token t's rotated
+// key and value stored at row cache_loc[t] as launch_rotary_set_kv does; one launch (or one per
+// 2^31 threads). A token with a row outside the cache is stored unrotated. A cudaError_t, 0 on success.
+int launch_mrope_set_kv(const RotaryParams& p, const KvStoreParams& s, const MropeParams& m, void* stream,
+                        int device);
 
 }  // namespace rope_compat

@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "mrope.h"
+#include "mrope_sections.cuh"
 
 namespace rope_compat {
 namespace {
@@ -35,14 +36,6 @@ struct FastDiv {
     mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
   }
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
-};
-
-// Which row drives pair i: contiguous [0, s0) t, [s0, s0 + s1) h, the rest w; interleaved
-// h where i % 3 == 1 and i < 3 * s1, w where i % 3 == 2 and i < 3 * s2, t elsewhere.
-struct Sections {
-  int32_t t_end, h_end;    // contiguous: s0, s0 + s1
-  int32_t h_lim, w_lim;    // interleaved: 3 * s1, 3 * s2
-  bool interleaved;
 };
 
 struct Launch {
@@ -125,12 +118,6 @@ struct alignas(2 * N < 16 ? 2 * N : 16) Stored<CT, N, true> {
     }
   }
 };
-
-__device__ __forceinline__ int section_of(const Sections& s, int32_t i) {
-  if (!s.interleaved) return (i >= s.t_end) + (i >= s.h_end);
-  const int32_t r = i % 3;
-  return (r == 1 && i < s.h_lim) ? 1 : (r == 2 && i < s.w_lim) ? 2 : 0;
-}
 
 // The cos/sin of pairs [first, first + N) of a token, as floats. A vector whose pairs all
 // share one row (most vectors of the contiguous layout: every one where the section
@@ -372,11 +359,7 @@ int launch(const RotaryParams& p, const MropeParams& m, const Target& t) {
   l.units_per_token = FastDiv(static_cast<uint32_t>(l.groups * units_per_head));
   l.units_per_head = FastDiv(static_cast<uint32_t>(units_per_head));
   l.positions_row_stride = m.positions_row_stride;
-  l.sec.t_end = m.section[0];
-  l.sec.h_end = m.section[0] + m.section[1];
-  l.sec.h_lim = 3 * m.section[1];
-  l.sec.w_lim = 3 * m.section[2];
-  l.sec.interleaved = m.interleaved;
+  l.sec = make_sections(m);
   const int64_t tokens_per_launch = std::max<int64_t>(((int64_t{1} << 31) - kBlock) / l.units_per_token.d, 1);
   for (int64_t begin = 0; begin < p.num_tokens; begin += tokens_per_launch) {
     l.token_begin = static_cast<int32_t>(begin);

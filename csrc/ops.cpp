@@ -89,13 +89,14 @@ std::optional<Failure> check_sections(const MropeArgs& m, int64_t rot_dim, Mrope
   return std::nullopt;
 }
 
+// With `store`, mrope_rotary_embedding_set_kv: the store's checks are the plain op's (check_store).
 std::optional<Failure> run_mrope(const Tensor& positions, const Tensor& query, const Tensor* key, int64_t head_size,
                                  const Tensor& cache, bool is_neox, int64_t rope_dim_offset, bool inverse,
-                                 const MropeArgs& m) {
+                                 const MropeArgs& m, const StoreArgs* store) {
   RotaryParams p{};
   KvStoreParams sp{};
   RETURN_IF_FAILED(check_rotary(positions, query, key, head_size, cache, is_neox, rope_dim_offset, inverse, nullptr,
-                                nullptr, c10::DeviceType::CUDA, "the compiled kernel takes CUDA tensors only", p, sp));
+                                store, c10::DeviceType::CUDA, "the compiled kernel takes CUDA tensors only", p, sp));
   MropeParams mp{};
   RETURN_IF_FAILED(check_sections(m, cache.size(-1), mp));
   if (p.num_tokens == 0) return std::nullopt;
@@ -103,7 +104,8 @@ std::optional<Failure> run_mrope(const Tensor& positions, const Tensor& query, c
   std::optional<c10::cuda::CUDAGuard> guard;
   if (device != c10::cuda::current_device()) guard.emplace(positions.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const int err = launch_mrope_rotary_embedding(p, mp, stream, device);
+  const int err = store ? launch_mrope_set_kv(p, sp, mp, stream, device)
+                        : launch_mrope_rotary_embedding(p, mp, stream, device);
   if (err != 0) {
     return Failure{PyExc_RuntimeError, std::string("rope_compat: CUDA kernel launch failed: ") +
                                        cudaGetErrorString(static_cast<cudaError_t>(err))};
@@ -126,6 +128,23 @@ bool int_list_arg(PyObject* o, const char* name, std::vector<int64_t>* out) {
   return ok;
 }
 
+// Mirrors mrope.check_mrope_positions; sets the rows' stride. The rest are run_mrope()'s.
+std::optional<Failure> check_mrope_positions(const Tensor& positions, MropeArgs& m) {
+  if (!is_index_dtype(positions.scalar_type())) {
+    return fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ", dtype_name(positions.scalar_type()));
+  }
+  if (positions.dim() != 2 || positions.size(0) != 3) {
+    return fail(PyExc_ValueError, "positions: expected shape [3, num_tokens] (temporal, height, width rows) "
+                "for MRoPE, got ", shape_of(positions));
+  }
+  if (positions.size(1) > 1 && positions.stride(1) != 1) {
+    return fail(PyExc_ValueError, "positions: each row must be contiguous (stride 1 along tokens), got stride ",
+                positions.stride(1));
+  }
+  m.row_stride = positions.stride(0);
+  return std::nullopt;
+}
+
 // mrope_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
 //              mrope_interleaved=False, rope_dim_offset=0, inverse=False)
 PyObject* mrope_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -143,22 +162,38 @@ PyObject* mrope_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       (nargs > 9 && !bool_arg(args[9], "inverse", &inverse))) {
     return nullptr;
   }
-  // Mirrors the position checks of mrope.check_mrope_args; the rest are run_mrope()'s.
-  if (!is_index_dtype(positions->scalar_type())) {
-    return raise(fail(PyExc_TypeError, "positions: expected dtype int32 or int64, got ",
-                      dtype_name(positions->scalar_type())));
-  }
-  if (positions->dim() != 2 || positions->size(0) != 3) {
-    return raise(fail(PyExc_ValueError, "positions: expected shape [3, num_tokens] (temporal, height, width rows) "
-                      "for MRoPE, got ", shape_of(*positions)));
-  }
-  if (positions->size(1) > 1 && positions->stride(1) != 1) {
-    return raise(fail(PyExc_ValueError, "positions: each row must be contiguous (stride 1 along tokens), got stride ",
-                      positions->stride(1)));
-  }
-  m.row_stride = positions->stride(0);
+  if (auto f = check_mrope_positions(*positions, m)) return raise(*f);
   const Tensor row = positions->select(0, 0);
-  if (auto f = run_mrope(row, *query, key, head_size, *cache, is_neox, rope_dim_offset, inverse, m)) {
+  if (auto f = run_mrope(row, *query, key, head_size, *cache, is_neox, rope_dim_offset, inverse, m, nullptr)) {
+    return raise(*f);
+  }
+  Py_RETURN_NONE;
+}
+
+// mrope_set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer,
+//                     v_buffer, cache_loc, k_scale=None, v_scale=None, mrope_interleaved=False, rope_dim_offset=0)
+PyObject* mrope_set_kv_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  const Tensor *positions, *query, *key, *cache;
+  int64_t head_size, rope_dim_offset = 0;
+  bool is_neox;
+  MropeArgs m{};
+  m.interleaved = false;
+  StoreArgs st{};
+  if (!count_args("mrope_rotary_embedding_set_kv", nargs, 11, 15) || !tensor_arg(args[0], "positions", &positions) ||
+      !tensor_arg(args[1], "query", &query) || !tensor_arg(args[2], "key", &key) ||
+      !int_arg(args[3], "head_size", &head_size) || !tensor_arg(args[4], "cos_sin_cache", &cache) ||
+      !bool_arg(args[5], "is_neox", &is_neox) || !int_list_arg(args[6], "mrope_section", &m.section) ||
+      !tensor_arg(args[7], "value", &st.value) || !tensor_arg(args[8], "k_buffer", &st.k_buffer) ||
+      !tensor_arg(args[9], "v_buffer", &st.v_buffer) || !tensor_arg(args[10], "cache_loc", &st.cache_loc) ||
+      (nargs > 11 && !optional_float_arg(args[11], "k_scale", &st.has_k_scale, &st.k_scale)) ||
+      (nargs > 12 && !optional_float_arg(args[12], "v_scale", &st.has_v_scale, &st.v_scale)) ||
+      (nargs > 13 && !bool_arg(args[13], "mrope_interleaved", &m.interleaved)) ||
+      (nargs > 14 && !int_arg(args[14], "rope_dim_offset", &rope_dim_offset))) {
+    return nullptr;
+  }
+  if (auto f = check_mrope_positions(*positions, m)) return raise(*f);
+  const Tensor row = positions->select(0, 0);
+  if (auto f = run_mrope(row, *query, key, head_size, *cache, is_neox, rope_dim_offset, false, m, &st)) {
     return raise(*f);
   }
   Py_RETURN_NONE;
@@ -224,6 +259,11 @@ PyMethodDef methods[] = {
      "mrope_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,\n"
      "mrope_interleaved=False, rope_dim_offset=0, inverse=False)\n"
      "Multimodal RoPE: positions [3, T]; pair i rotates by row positions[section(i), t]. One launch."},
+    {"mrope_set_kv_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mrope_set_kv_launch)),
+     METH_FASTCALL,
+     "mrope_set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value,\n"
+     "k_buffer, v_buffer, cache_loc, k_scale=None, v_scale=None, mrope_interleaved=False, rope_dim_offset=0)\n"
+     "Multimodal RoPE, then the key and value stored at rows cache_loc of k_buffer/v_buffer, in one launch."},
     {"set_fallback", set_fallback, METH_O, "set_fallback(fn): where rotary_embedding sends the calls it does not launch."},
     {"new_entry", new_entry, METH_O, "new_entry(tag): a distinct function object for rotary_embedding, bound to tag."},
     {nullptr, nullptr, 0, nullptr}};

@@ -14,8 +14,10 @@ import torch
 
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
 from .ops.autograd import needs_grad, rotary_embedding_functional_op
-from .ops.checks import check_batched_types, check_int, check_rotary_types, check_set_kv_types, check_tensor
-from .ops.library import mrope_rotary_embedding_op, rotary_embedding_set_kv_op
+from .ops.checks import (
+    check_batched_types, check_int, check_mrope_set_kv_types, check_rotary_types, check_set_kv_types, check_tensor,
+)
+from .ops.library import mrope_rotary_embedding_op, mrope_rotary_embedding_set_kv_op, rotary_embedding_set_kv_op
 
 if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker imports it here
     from .compat.sgl import FusedSetKVBufferArg
@@ -26,6 +28,7 @@ if TYPE_CHECKING:  # compat.sgl imports this module, so only the type checker im
 # device go through the registered op.
 _C = extension.direct_binding()
 _C_mrope = getattr(_C, "mrope_launch", None)
+_C_mrope_set_kv = getattr(_C, "mrope_set_kv_launch", None)
 # is_dynamo_compiling is a constant False in eager code (cheaper than is_compiling).
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
@@ -224,6 +227,57 @@ def mrope_rotary_embedding(
     mrope_rotary_embedding_op(
         positions, query, key, head_size, cos_sin_cache, is_neox, list(mrope_section),
         mrope_interleaved, rope_dim_offset, inverse,
+    )
+
+
+def mrope_rotary_embedding_set_kv(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    mrope_section: "list[int]",
+    value: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    cache_loc: torch.Tensor,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    mrope_interleaved: bool = False,
+    rope_dim_offset: int = 0,
+) -> None:
+    """`mrope_rotary_embedding`, then token t's rotated key (every dim of every head) and its
+    value stored at row `cache_loc[t]` of `k_buffer` / `v_buffer`, in one CUDA launch.
+
+    The rotation is mrope_rotary_embedding's (positions `[3, T]`, `mrope_section`,
+    `mrope_interleaved`, `rope_dim_offset`; no inverse); the store is rotary_embedding_set_kv's
+    (rope_compat/ops/kv_store.py): buffers `[rows, heads * head_size]`, `[rows, heads,
+    head_size]` or pages `[pages, page_size, heads, head_size]`, any float dtype including
+    float8, stored = key / k_scale (value / v_scale) rounded once; `cache_loc` rows outside the
+    buffer (-1 included) are not stored.
+    """
+    if (
+        _C_mrope_set_kv is not None
+        and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and query.is_cuda
+        and not _is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+    ):
+        # Straight to the launch (the registered op's CUDA kernel is this same function).
+        _C_mrope_set_kv(
+            positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer, v_buffer,
+            cache_loc, k_scale, v_scale, mrope_interleaved, rope_dim_offset,
+        )
+        return
+    # The types first: the dispatcher would convert some by schema and reject others itself.
+    head_size, sections, rope_dim_offset = check_mrope_set_kv_types(
+        positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, mrope_interleaved, rope_dim_offset,
+    )
+    mrope_rotary_embedding_set_kv_op(
+        positions, query, key, head_size, cos_sin_cache, is_neox, sections, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, mrope_interleaved, rope_dim_offset,
     )
 
 

@@ -132,13 +132,19 @@ def test_direct_call_and_op_agree_bit_for_bit(dtype):
 
 
 def test_op_with_tensors_that_require_grad():
-    """Through the dispatcher's autograd key to the CPU kernel; rotated in place, unrecorded."""
+    """Through the dispatcher's autograd key to the CPU kernel: refused in grad mode (the
+    in-place ops are not differentiable), rotated in place, unrecorded, under no_grad."""
     positions = torch.randint(0, 64, (9,))
     q = torch.randn(9, 2 * 32, requires_grad=True)
     k = torch.randn(9, 32, requires_grad=True)
     cache = random_cache(64, 32, torch.float32)
     want_q, want_k = rope_reference(positions, q.detach(), k.detach(), 32, cache, True)
-    rope_compat.rotary_embedding(positions, q, k, 32, cache, True)
+    q0 = q.detach().clone()
+    with pytest.raises(RuntimeError, match="^query: requires grad, but rope_compat's in-place ops"):
+        rope_compat.rotary_embedding(positions, q, k, 32, cache, True)
+    assert torch.equal(q.detach(), q0)
+    with torch.no_grad():
+        rope_compat.rotary_embedding(positions, q, k, 32, cache, True)
     assert_matches_reference(q.detach(), want_q)
     assert_matches_reference(k.detach(), want_k)
 

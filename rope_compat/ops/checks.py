@@ -130,6 +130,36 @@ def check_set_kv_types(
     return head_size, check_int("rope_dim_offset", rope_dim_offset)
 
 
+def check_int_list(name: str, v: object) -> list:
+    """`v` as a list of ints: a list or tuple whose items pass check_int; TypeError otherwise."""
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"{name}: expected a list of ints, got {_type_name(v)}")
+    return [check_int(name, x) for x in v]
+
+
+def check_mrope_set_kv_types(
+    positions: object, query: object, key: object, head_size: object, cos_sin_cache: object,
+    is_neox: object, mrope_section: object, value: object, k_buffer: object, v_buffer: object,
+    cache_loc: object, k_scale: object = None, v_scale: object = None, mrope_interleaved: object = False,
+    rope_dim_offset: object = 0,
+) -> Tuple[int, list, int]:
+    """The argument types of `mrope_rotary_embedding_set_kv`, in order;
+    (head_size, mrope_section, rope_dim_offset)."""
+    check_tensor("positions", positions)
+    check_tensor("query", query)
+    check_tensor("key", key)  # the stored key: required
+    head_size = check_int("head_size", head_size)
+    check_tensor("cos_sin_cache", cos_sin_cache)
+    check_bool("is_neox", is_neox)
+    sections = check_int_list("mrope_section", mrope_section)
+    for name, t in (("value", value), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("cache_loc", cache_loc)):
+        check_tensor(name, t)
+    check_optional_float("k_scale", k_scale)
+    check_optional_float("v_scale", v_scale)
+    check_bool("mrope_interleaved", mrope_interleaved)
+    return head_size, sections, check_int("rope_dim_offset", rope_dim_offset)
+
+
 def check_no_grad(query: torch.Tensor, key: Optional[torch.Tensor], *written: Tuple[str, torch.Tensor]) -> None:
     """RuntimeError if grad mode is on and a tensor the op writes (query, key, and the
     `written` (name, tensor) pairs) requires grad (see GRAD_MESSAGE)."""

@@ -21,3 +21,5 @@ def register(lib: torch.library.Library, module: ModuleType) -> None:
         lib.impl("rotary_embedding_set_kv", module.set_kv_launch, "CUDA")
     if hasattr(module, "mrope_launch"):
         lib.impl("mrope_rotary_embedding", module.mrope_launch, "CUDA")
+    if hasattr(module, "mrope_set_kv_launch"):
+        lib.impl("mrope_rotary_embedding_set_kv", module.mrope_set_kv_launch, "CUDA")

@@ -21,7 +21,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .checks import POSITION_DTYPES, _heads, check_no_grad, check_rotary_args, check_set_kv_types
+from .checks import (
+    POSITION_DTYPES, RotaryShape, _heads, check_no_grad, check_rotary_args, check_set_kv_types,
+)
 from . import torch_impl
 
 BUFFER_DTYPES = (
@@ -96,6 +98,24 @@ def check_kv_store_args(
         cache_loc, k_scale, v_scale, rope_dim_offset,
     )
     shape = check_rotary_args(positions, query, key, head_size, cos_sin_cache, rope_dim_offset)
+    return check_store_args(positions, key, head_size, shape, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
+
+
+def check_store_args(
+    positions: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    shape: RotaryShape,
+    value: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    cache_loc: torch.Tensor,
+    k_scale: Optional[float],
+    v_scale: Optional[float],
+) -> KVStoreShape:
+    """The store's checks alone, after the rotary ones (`shape`); `positions` has the token
+    dims (MRoPE passes one of its rows). Shared by every op with the store (the C++
+    check_store in csrc/checks.h mirrors it)."""
     kv_heads = shape.num_kv_heads
     device = positions.device
     for name, t in (("value", value), ("k_buffer", k_buffer), ("v_buffer", v_buffer), ("cache_loc", cache_loc)):
@@ -177,6 +197,16 @@ def rotary_embedding_set_kv(
     # First the rotation: on the CPU it raises for positions outside the cache before it
     # writes anything, so nothing is stored either.
     torch_impl.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset)
+    store_key_value(key, value, k_buffer, v_buffer, layouts, cache_loc, k_scale, v_scale, head_size)
+
+
+def store_key_value(
+    key: torch.Tensor, value: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+    layouts: KVStoreShape, cache_loc: torch.Tensor, k_scale: Optional[float], v_scale: Optional[float],
+    head_size: int,
+) -> None:
+    """The store after the rotation: token t's key and value rows at cache_loc[t] (checked args)."""
+    num_tokens = cache_loc.numel()
     loc = cache_loc.reshape(-1).long()
     kv_heads = key.numel() // (num_tokens * head_size)
     with torch.no_grad():

@@ -47,6 +47,14 @@ MROPE_SCHEMA = (
     "int rope_dim_offset=0, bool inverse=False) -> ()"
 )
 lib.define(MROPE_SCHEMA)
+# MRoPE, then the store of rotary_embedding_set_kv (ops/mrope.py, ops/kv_store.py); one CUDA launch.
+MROPE_SET_KV_SCHEMA = (
+    "mrope_rotary_embedding_set_kv(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
+    "Tensor cos_sin_cache, bool is_neox, int[] mrope_section, Tensor value, Tensor(c!) k_buffer, "
+    "Tensor(d!) v_buffer, Tensor cache_loc, float? k_scale=None, float? v_scale=None, "
+    "bool mrope_interleaved=False, int rope_dim_offset=0) -> ()"
+)
+lib.define(MROPE_SET_KV_SCHEMA)
 
 
 def _check_batched_rot_dim(rot_dim: int, cos_sin_cache: torch.Tensor) -> None:
@@ -145,6 +153,25 @@ def _mrope_fake(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_
     mrope.check_mrope_args(positions, query, key, head_size, cos_sin_cache, mrope_section, rope_dim_offset)
 
 
+@torch.library.impl(lib, "mrope_rotary_embedding_set_kv", "CompositeExplicitAutograd")
+def _mrope_set_kv_torch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer,
+                        v_buffer, cache_loc, k_scale=None, v_scale=None, mrope_interleaved=False, rope_dim_offset=0):
+    mrope.mrope_rotary_embedding_set_kv(
+        positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, mrope_interleaved, rope_dim_offset,
+    )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::mrope_rotary_embedding_set_kv", lib=lib)
+def _mrope_set_kv_fake(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer,
+                       v_buffer, cache_loc, k_scale=None, v_scale=None, mrope_interleaved=False, rope_dim_offset=0):
+    mrope.check_mrope_set_kv_args(
+        positions, query, key, head_size, cos_sin_cache, mrope_section, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, rope_dim_offset,
+    )
+
+
+mrope_rotary_embedding_set_kv_op = torch.ops.rope_compat.mrope_rotary_embedding_set_kv.default
 mrope_rotary_embedding_op = torch.ops.rope_compat.mrope_rotary_embedding.default
 rotary_embedding_set_kv_op = torch.ops.rope_compat.rotary_embedding_set_kv.default
 rotary_embedding_op = torch.ops.rope_compat.rotary_embedding.default

@@ -15,28 +15,26 @@ Everything else is the plain op (ops/torch_impl.py): the same pairs (NeoX or GPT
 free, so a slice `[:, :T]` of a larger buffer works as is). On the CPU a position outside
 `[0, cache rows)` raises IndexError; on other devices (no host sync) a token with any of
 its three positions outside the cache is left untouched.
+
+`mrope_rotary_embedding_set_kv` is this rotation (no inverse) followed by the KV-cache store
+of ops/kv_store.py, with its checks and rules; a token left unrotated is stored as it is.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .checks import POSITION_DTYPES, RotaryShape, check_no_grad, check_positions_in_range, check_rotary_args
-from . import torch_impl
+from .checks import (
+    POSITION_DTYPES, RotaryShape, check_mrope_set_kv_types, check_no_grad, check_positions_in_range,
+    check_rotary_args,
+)
+from . import kv_store, torch_impl
 
 
-def check_mrope_args(
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: Optional[torch.Tensor],
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    mrope_section: Sequence[int],
-    rope_dim_offset: int = 0,
-) -> RotaryShape:
-    """The MRoPE position checks, the rotary checks on one position row, then the sections."""
+def check_mrope_positions(positions: torch.Tensor) -> None:
+    """The MRoPE position checks: int32/int64 `[3, num_tokens]`, each row contiguous."""
     if positions.dtype not in POSITION_DTYPES:
         raise TypeError(f"positions: expected dtype int32 or int64, got {positions.dtype}")
     shape = positions.shape
@@ -49,16 +47,59 @@ def check_mrope_args(
         raise ValueError(
             f"positions: each row must be contiguous (stride 1 along tokens), got stride {positions.stride(1)}"
         )
-    # One row stands for the tokens: the q/k layout checks are the plain op's.
-    rs = check_rotary_args(positions[0], query, key, head_size, cos_sin_cache, rope_dim_offset)
-    check_no_grad(query, key)  # in place, so not differentiable (the C++ checks' order)
-    half = rs.rot_dim // 2
+
+
+def check_sections(mrope_section: Sequence[int], rot_dim: int) -> None:
+    half = rot_dim // 2
     sections = list(mrope_section)
     if len(sections) != 3 or min(sections) < 0 or sum(sections) != half:
         raise ValueError(
             f"mrope_section: expected 3 non-negative sections summing to rot_dim / 2 = {half}, got {sections}"
         )
+
+
+def check_mrope_args(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: Optional[torch.Tensor],
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    mrope_section: Sequence[int],
+    rope_dim_offset: int = 0,
+) -> RotaryShape:
+    """The MRoPE position checks, the rotary checks on one position row, then the sections."""
+    check_mrope_positions(positions)
+    # One row stands for the tokens: the q/k layout checks are the plain op's.
+    rs = check_rotary_args(positions[0], query, key, head_size, cos_sin_cache, rope_dim_offset)
+    check_no_grad(query, key)  # in place, so not differentiable (the C++ checks' order)
+    check_sections(mrope_section, rs.rot_dim)
     return rs
+
+
+def check_mrope_set_kv_args(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    mrope_section: Sequence[int],
+    value: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    cache_loc: torch.Tensor,
+    k_scale: Optional[float],
+    v_scale: Optional[float],
+    rope_dim_offset: int = 0,
+) -> Tuple[RotaryShape, kv_store.KVStoreShape]:
+    """check_mrope_args with the store's checks (ops/kv_store.py) between the rotary checks and
+    the no-grad check, the order of the C++ entry. Reads no tensor data."""
+    check_mrope_positions(positions)
+    row = positions[0]
+    rs = check_rotary_args(row, query, key, head_size, cos_sin_cache, rope_dim_offset)
+    layouts = kv_store.check_store_args(row, key, head_size, rs, value, k_buffer, v_buffer, cache_loc, k_scale, v_scale)
+    check_no_grad(query, key, ("k_buffer", k_buffer), ("v_buffer", v_buffer))
+    check_sections(mrope_section, rs.rot_dim)
+    return rs, layouts
 
 
 def section_index(mrope_section: Sequence[int], half: int, interleaved: bool, device=None) -> torch.Tensor:
@@ -131,3 +172,41 @@ def mrope_rotary_embedding(
             idx = slice(t, t + block)
             for x in tensors:
                 torch_impl._rotate_(x[idx], *args, cos[idx], sin[idx], neg_sin[idx], is_neox)
+
+
+def mrope_rotary_embedding_set_kv(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    mrope_section: Sequence[int],
+    value: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    cache_loc: torch.Tensor,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    mrope_interleaved: bool = False,
+    rope_dim_offset: int = 0,
+) -> None:
+    """MRoPE on query and key in place, then token t's rotated key (every dim) and value stored
+    at row `cache_loc[t]` of k_buffer / v_buffer, with the store rules of ops/kv_store.py."""
+    head_size, mrope_section, rope_dim_offset = check_mrope_set_kv_types(
+        positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, mrope_interleaved, rope_dim_offset,
+    )
+    _, layouts = check_mrope_set_kv_args(
+        positions, query, key, head_size, cos_sin_cache, mrope_section, value, k_buffer, v_buffer,
+        cache_loc, k_scale, v_scale, rope_dim_offset,
+    )
+    if positions.shape[1] == 0 or key.numel() == 0:
+        return
+    # The rotation first: on the CPU it raises for positions outside the cache before it writes
+    # anything, so nothing is stored either; elsewhere such a token's key is stored unrotated.
+    mrope_rotary_embedding(
+        positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, mrope_interleaved,
+        rope_dim_offset,
+    )
+    kv_store.store_key_value(key, value, k_buffer, v_buffer, layouts, cache_loc, k_scale, v_scale, head_size)
