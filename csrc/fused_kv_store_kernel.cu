@@ -161,7 +161,9 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
       if constexpr (sizeof(B) <= 2) {
         const float q = f[i] * inv;
         // copysignf keeps the sign of a zero quotient (-0 / s is -0; the correction adds +0).
-        f[i] = isfinite(q) ? copysignf(__fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q), q) : q;
+        // A NaN keeps its own sign (the product's NaN is the device's canonical one), so the
+        // store agrees bit for bit with the CPU kernel and with torch on the CPU.
+        f[i] = isfinite(q) ? copysignf(__fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q), q) : (isnan(f[i]) ? f[i] : q);
       } else {
         f[i] = f[i] / scale;
       }

@@ -15,7 +15,7 @@ import torch
 from .ops import batched_rotary_embedding_op, extension, rotary_embedding_op, torch_impl
 from .ops.autograd import needs_grad, rotary_embedding_functional_op
 from .ops.checks import (
-    check_batched_types, check_int, check_mrope_set_kv_types, check_rotary_types, check_set_kv_types, check_tensor,
+    check_batched_types, check_int, check_mrope_set_kv_types, check_mrope_types, check_rotary_types, check_set_kv_types, check_tensor,
 )
 from .ops.library import mrope_rotary_embedding_op, mrope_rotary_embedding_set_kv_op, rotary_embedding_set_kv_op
 
@@ -46,6 +46,19 @@ if _CPU is not None:
     _cpu_direct = _CPU.launch
 elif not torch._C._dispatch_has_kernel_for_dispatch_key("rope_compat::rotary_embedding", "CPU"):
     _cpu_direct = torch_impl.rotary_embedding
+
+
+def _eager_cuda(launch: object, query: torch.Tensor) -> bool:
+    """Whether `launch` (an entry of the compiled CUDA module, None without one) may take this
+    call directly: a plain CUDA tensor, eager, no dispatch mode. Autograd needs no check here:
+    the entries refuse tensors that require grad as the op does."""
+    return (
+        launch is not None
+        and type(query) is torch.Tensor  # not a fake or other subclass tensor
+        and query.is_cuda
+        and not _is_compiling()
+        and not torch._C._len_torch_dispatch_stack()
+    )
 
 
 def _plain_eager_cpu(query: torch.Tensor, key: Optional[torch.Tensor]) -> bool:
@@ -81,13 +94,7 @@ def rotary_embedding(
     each head rotate, NeoX style (split halves) if `is_neox` else GPT-J style (interleaved);
     `inverse` rotates by the negative angle.
     """
-    if (
-        _C is not None
-        and type(query) is torch.Tensor  # not a fake or other subclass tensor
-        and query.is_cuda
-        and not _is_compiling()
-        and not torch._C._len_torch_dispatch_stack()
-    ):
+    if _eager_cuda(_C, query):
         _C.launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
     elif _plain_eager_cpu(query, key):
         _cpu_direct(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
@@ -174,13 +181,7 @@ def rotary_embedding_set_kv(
     float8; stored = key / k_scale (value / v_scale) rounded once. `cache_loc` rows outside
     the buffer (-1 included) are not stored.
     """
-    if (
-        _C is not None
-        and type(query) is torch.Tensor  # not a fake or other subclass tensor
-        and query.is_cuda
-        and not _is_compiling()
-        and not torch._C._len_torch_dispatch_stack()
-    ):
+    if _eager_cuda(_C, query):
         # Straight to the launch (the registered op's CUDA kernel is this same function): the
         # dispatcher's round trip costs more host time than a decode-sized call.
         _C.set_kv_launch(
@@ -211,22 +212,21 @@ def mrope_rotary_embedding(
     """Multimodal RoPE in place: positions `[3, T]` (temporal, height, width); rotated pair i
     reads cache row `positions[section(i), t]`, sections contiguous (Qwen2-VL, Qwen2.5-VL) or
     interleaved (Qwen3-VL). One CUDA launch; rope_compat/ops/mrope.py has the rules."""
-    if (
-        _C_mrope is not None
-        and type(query) is torch.Tensor  # not a fake or other subclass tensor
-        and query.is_cuda
-        and not _is_compiling()
-        and not torch._C._len_torch_dispatch_stack()
-    ):
+    if _eager_cuda(_C_mrope, query):
         # Eager CUDA calls skip the dispatcher round trip, as rotary_embedding does.
         _C_mrope(
             positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,
             mrope_interleaved, rope_dim_offset, inverse,
         )
         return
+    # The types first: the dispatcher would convert some by schema and reject others itself.
+    head_size, sections, rope_dim_offset = check_mrope_types(
+        positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, mrope_interleaved,
+        rope_dim_offset, inverse,
+    )
     mrope_rotary_embedding_op(
-        positions, query, key, head_size, cos_sin_cache, is_neox, list(mrope_section),
-        mrope_interleaved, rope_dim_offset, inverse,
+        positions, query, key, head_size, cos_sin_cache, is_neox, sections, mrope_interleaved,
+        rope_dim_offset, inverse,
     )
 
 
@@ -257,13 +257,7 @@ def mrope_rotary_embedding_set_kv(
     float8, stored = key / k_scale (value / v_scale) rounded once; `cache_loc` rows outside the
     buffer (-1 included) are not stored.
     """
-    if (
-        _C_mrope_set_kv is not None
-        and type(query) is torch.Tensor  # not a fake or other subclass tensor
-        and query.is_cuda
-        and not _is_compiling()
-        and not torch._C._len_torch_dispatch_stack()
-    ):
+    if _eager_cuda(_C_mrope_set_kv, query):
         # Straight to the launch (the registered op's CUDA kernel is this same function).
         _C_mrope_set_kv(
             positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value, k_buffer, v_buffer,

@@ -164,6 +164,42 @@ def test_errors_name_the_argument(name, args, exc, match):
             op(*fake)
 
 
+MROPE_TYPE_BAD = [
+    (0, None, "positions: expected a torch.Tensor, got NoneType"),
+    (2, 3, "key: expected a torch.Tensor or None, got int"),
+    (3, 64.0, "head_size: expected an int (64-bit), got float"),
+    (5, None, "is_neox: expected a bool, got NoneType"),
+    (6, 16, "mrope_section: expected a list of ints, got int"),
+    (6, [4, 6.0, 6], "mrope_section: expected an int (64-bit), got float"),
+    (7, "yes", "mrope_interleaved: expected a bool, got str"),
+    (8, 1.5, "rope_dim_offset: expected an int (64-bit), got float"),
+    (9, None, "inverse: expected a bool, got NoneType"),
+]
+
+
+def _type_bad_entries(device):
+    entries = {"function": rope_compat.mrope_rotary_embedding, "torch_impl": rope_compat.ops.mrope.mrope_rotary_embedding}
+    if device == "cuda" and HAS_KERNEL:
+        entries["launch"] = extension.direct_binding().mrope_launch
+    return entries
+
+
+@pytest.mark.parametrize("index, bad, message", MROPE_TYPE_BAD, ids=[m.split(":")[0] + str(i) for i, (_, _, m)
+                                                                        in enumerate(MROPE_TYPE_BAD)])
+def test_wrong_types_named_before_anything_runs(index, bad, message, device):
+    """The public function checks types itself (the dispatcher would convert some by schema):
+    the same TypeError from it, the Torch implementation and the compiled entry, nothing written."""
+    positions, q, k, head_size, cache, sections, inter = make_mrope("odd-contig", tokens=5, device=device)
+    args = [positions, q, k, head_size, cache, True, sections, inter, 0, False]
+    args[index] = bad
+    before = (q.clone(), k.clone())
+    for entry, fn in _type_bad_entries(device).items():
+        with pytest.raises(TypeError) as info:
+            fn(*args)
+        assert str(info.value) == message, entry
+        assert torch.equal(q, before[0]) and torch.equal(k, before[1]), entry
+
+
 # ---------------------------------------------------------------- torch.compile, modules
 
 

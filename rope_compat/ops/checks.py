@@ -137,6 +137,26 @@ def check_int_list(name: str, v: object) -> list:
     return [check_int(name, x) for x in v]
 
 
+def check_mrope_types(
+    positions: object, query: object, key: object, head_size: object, cos_sin_cache: object,
+    is_neox: object, mrope_section: object, mrope_interleaved: object = False, rope_dim_offset: object = 0,
+    inverse: object = False,
+) -> Tuple[int, list, int]:
+    """The argument types of `mrope_rotary_embedding`, in order; (head_size, mrope_section,
+    rope_dim_offset)."""
+    check_tensor("positions", positions)
+    check_tensor("query", query)
+    check_optional_tensor("key", key)
+    head_size = check_int("head_size", head_size)
+    check_tensor("cos_sin_cache", cos_sin_cache)
+    check_bool("is_neox", is_neox)
+    sections = check_int_list("mrope_section", mrope_section)
+    check_bool("mrope_interleaved", mrope_interleaved)
+    rope_dim_offset = check_int("rope_dim_offset", rope_dim_offset)
+    check_bool("inverse", inverse)
+    return head_size, sections, rope_dim_offset
+
+
 def check_mrope_set_kv_types(
     positions: object, query: object, key: object, head_size: object, cos_sin_cache: object,
     is_neox: object, mrope_section: object, value: object, k_buffer: object, v_buffer: object,

@@ -27,7 +27,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from .checks import (
-    POSITION_DTYPES, RotaryShape, check_mrope_set_kv_types, check_no_grad, check_positions_in_range,
+    POSITION_DTYPES, RotaryShape, check_mrope_set_kv_types, check_mrope_types, check_no_grad, check_positions_in_range,
     check_rotary_args,
 )
 from . import kv_store, torch_impl
@@ -153,6 +153,10 @@ def mrope_rotary_embedding(
     inverse: bool = False,
 ) -> None:
     """Rotate `query` and `key` in place with MRoPE (see the module doc)."""
+    head_size, mrope_section, rope_dim_offset = check_mrope_types(
+        positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, mrope_interleaved,
+        rope_dim_offset, inverse,
+    )
     shape = check_mrope_args(positions, query, key, head_size, cos_sin_cache, mrope_section, rope_dim_offset)
     tensors = tuple(x for x in (query, key) if x is not None and x.numel() > 0)
     if not tensors:
