@@ -80,12 +80,16 @@ def apply_rope_with_cos_sin_cache_inplace(
     fused_args: Optional[FusedSetKVBufferArg] = None,
 ) -> None:
     """Rotate q and k in place; with `fused_args`, also store the key and value rows."""
-    # The decode-step call: one Python frame over the op's own entry point, no tensor read.
-    if fused_args is None and not rope_dim:
+    # The decode-step calls: one Python frame over the op's own entry point (with fused_args,
+    # over rope_and_store), no tensor read.
+    if not rope_dim:
         cache, head = _last_cache
         if cache is not cos_sin_cache:
             head = _head(cos_sin_cache)
-        _rotary(positions, q, k, head, cos_sin_cache, is_neox)
+        if fused_args is None:
+            _rotary(positions, q, k, head, cos_sin_cache, is_neox)
+        else:
+            rope_and_store(fused_args, positions, q, k, head, cos_sin_cache, is_neox)
         return
     _general(q, k, cos_sin_cache, positions, is_neox, rope_dim, fused_args)
 

@@ -14,7 +14,9 @@ from typing import Optional
 
 import torch
 
-from ..ops.library import rotary_embedding_set_kv_op
+# The public function, not the registered op: on plain eager CUDA tensors it launches the
+# kernel without the dispatcher's round trip (several microseconds of host time per call).
+from ..api import rotary_embedding_set_kv
 
 
 _UNSET = object()
@@ -88,13 +90,12 @@ def rope_and_store(
     """
     if key is None:
         raise ValueError("key: required when fused_set_kv_buffer_arg is given")
-    rotary_embedding_set_kv_op(
+    # SGLang's 4-field arg has no scales. A scale becomes a float here (SGLang passes floats;
+    # a one-element tensor costs a host sync); inline, since this is the decode-step path.
+    k_scale = getattr(arg, "k_scale", None)
+    v_scale = getattr(arg, "v_scale", None)
+    rotary_embedding_set_kv(
         positions, query, key, head_size, cos_sin_cache, is_neox, arg.value, arg.k_buffer,
-        arg.v_buffer, arg.cache_loc, _scale(getattr(arg, "k_scale", None)),
-        _scale(getattr(arg, "v_scale", None)),
+        arg.v_buffer, arg.cache_loc, None if k_scale is None else float(k_scale),
+        None if v_scale is None else float(v_scale),
     )
-
-
-def _scale(s) -> Optional[float]:
-    """A scale as a float (SGLang passes floats; a one-element tensor would cost a sync)."""
-    return None if s is None else float(s)
