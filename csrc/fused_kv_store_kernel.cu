@@ -16,28 +16,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "fused_kv_store.h"
+#include "kernel_common.cuh"
 #include "mrope.h"
 #include "mrope_sections.cuh"
 
 namespace rope_compat {
 namespace {
 
-constexpr int kBlock = 256;
-constexpr int kMinBlock = 64;
-
-// Division by a launch-time constant with a multiply and a shift (valid for n < 2^31).
-struct FastDiv {
-  uint32_t d, mul, shift;
-  explicit FastDiv(uint32_t divisor = 1) : d(divisor), shift(0) {
-    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
-    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
-};
+using namespace detail;
 
 struct SetKvLaunch {
   FastDiv units_per_token, rot_units_per_head, pass_units_per_head, value_units_per_head, seq_len;
@@ -48,11 +36,6 @@ struct SetKvLaunch {
   Sections sec;
 };
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
-  T v[N];
-};
-
 // float8 buffer elements, as their bits.
 struct E4M3 {
   uint8_t bits;
@@ -60,11 +43,6 @@ struct E4M3 {
 struct E5M2 {
   uint8_t bits;
 };
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(double x) { return static_cast<float>(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // Rounded once, to nearest even; float8 without saturation (out of range: NaN for e4m3,
 // infinity for e5m2), as torch's conversion.
@@ -119,30 +97,6 @@ __device__ __forceinline__ void convert2<E5M2>(float a, float b, E5M2& oa, E5M2&
   ob.bits = e5m2_fixup(static_cast<uint8_t>(two >> 8), b);
 }
 
-__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
-  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
-
-// q/k/v are touched once: streaming loads and stores keep them from displacing the cos/sin rows.
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_stream(const T* ptr) {
-  if constexpr (sizeof(Vec<T, V>) == 16) {
-    const int4 raw = __ldcs(reinterpret_cast<const int4*>(ptr));
-    return *reinterpret_cast<const Vec<T, V>*>(&raw);
-  } else {
-    return *reinterpret_cast<const Vec<T, V>*>(ptr);
-  }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store_stream(T* ptr, const Vec<T, V>& v) {
-  if constexpr (sizeof(Vec<T, V>) == 16) {
-    __stcs(reinterpret_cast<int4*>(ptr), *reinterpret_cast<const int4*>(&v));
-  } else {
-    *reinterpret_cast<Vec<T, V>*>(ptr) = v;
-  }
-}
-
 // Stores x / scale, converted to the buffer type. Without a scale (1) no division is done:
 // x / 1 is x exactly, and the branch is the same for the whole launch. A division per element
 // costs a float8 store more than its bytes do, so for buffers of 16 bits or fewer the quotient
@@ -180,37 +134,19 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
   *reinterpret_cast<Vec<B, V>*>(dst) = out;
 }
 
-// cos and sin of pairs [idx, idx + V) of a cache row, as floats; the cache dtype is a launch
-// constant, so the branch is uniform.
-template <typename CT, int V>
-__device__ __forceinline__ void load_cs_typed(const void* cache, int64_t offset, int32_t half, float (&c)[V],
-                                              float (&sn)[V]) {
-  const CT* row = static_cast<const CT*>(cache) + offset;
-  const Vec<CT, V> cv = *reinterpret_cast<const Vec<CT, V>*>(row);
-  const Vec<CT, V> sv = *reinterpret_cast<const Vec<CT, V>*>(row + half);
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    c[i] = to_float(cv.v[i]);
-    sn[i] = to_float(sv.v[i]);
-  }
-}
-
+// cos and sin of pairs [idx, idx + V) of a cache row (offset: where pair idx is), as floats;
+// the cache dtype is a launch constant, so the branch is uniform.
 template <int V>
 __device__ __forceinline__ void load_cs(const RotaryParams& p, int64_t offset, int32_t half, float (&c)[V],
                                         float (&sn)[V]) {
   switch (p.cache_dtype) {
-    case DType::kFloat32: load_cs_typed<float, V>(p.cache, offset, half, c, sn); break;
-    case DType::kFloat16: load_cs_typed<__half, V>(p.cache, offset, half, c, sn); break;
-    case DType::kBFloat16: load_cs_typed<__nv_bfloat16, V>(p.cache, offset, half, c, sn); break;
-    case DType::kFloat64: load_cs_typed<double, V>(p.cache, offset, half, c, sn); break;
+    case DType::kFloat32: load_cos_sin<float, V>(static_cast<const float*>(p.cache) + offset, half, c, sn); break;
+    case DType::kFloat16: load_cos_sin<__half, V>(static_cast<const __half*>(p.cache) + offset, half, c, sn); break;
+    case DType::kBFloat16:
+      load_cos_sin<__nv_bfloat16, V>(static_cast<const __nv_bfloat16*>(p.cache) + offset, half, c, sn);
+      break;
+    case DType::kFloat64: load_cos_sin<double, V>(static_cast<const double*>(p.cache) + offset, half, c, sn); break;
   }
-}
-
-__device__ __forceinline__ void pdl_prologue() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 // MRoPE: cos and sin of pairs [first, first + V), pair i from the cache row of its section;
@@ -294,28 +230,7 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
 #pragma unroll
         for (int i = 0; i < V; ++i) sn[i] = -sn[i];
       }
-      T run[2 * V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) run[i] = x.v[i], run[V + i] = y.v[i];
-      if (p.is_neox) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float fa = to_float(run[i]), fb = to_float(run[V + i]);
-          run[i] = convert<T>(fa * c[i] - fb * sn[i]);
-          run[V + i] = convert<T>(fb * c[i] + fa * sn[i]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float fa = to_float(run[2 * i]), fb = to_float(run[2 * i + 1]);
-          run[2 * i] = convert<T>(fa * c[i] - fb * sn[i]);
-          run[2 * i + 1] = convert<T>(fb * c[i] + fa * sn[i]);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < V; ++i) x.v[i] = run[i], y.v[i] = run[V + i];
-      store_stream<T, V>(head + e1, x);
-      store_stream<T, V>(head + e2, y);
+      rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     }
     if (is_key && loc >= 0 && loc < s.k_rows) {
       B* const dst = static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + (h - p.num_heads) * s.k_head_stride;
@@ -345,36 +260,6 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
                      s.v_scale, s.v_inv_scale);
 }
 
-constexpr int kMaxDevices = 64;
-
-int num_sms(int dev) {
-  static int cached[kMaxDevices] = {0};
-  if (dev < 0 || dev >= kMaxDevices) dev = 0;
-  if (cached[dev] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    cached[dev] = n > 0 ? n : 132;
-  }
-  return cached[dev];
-}
-
-// Programmatic dependent launch on Hopper and newer, as the rotary kernel (ROPE_COMPAT_PDL=0
-// turns it off): the kernel waits for the previous grid before it reads anything.
-bool use_pdl(int dev) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ROPE_COMPAT_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  if (!enabled || dev < 0 || dev >= kMaxDevices) return false;
-  static int cached[kMaxDevices] = {0};  // 0 unknown, 1 yes, 2 no
-  if (cached[dev] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cached[dev] = major >= 9 ? 1 : 2;
-  }
-  return cached[dev] == 1;
-}
-
 template <typename T, typename B, int V>
 int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream, int device) {
   const int32_t rot_per_head = p.rot_dim / 2 / V;
@@ -392,37 +277,17 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
   l.seq_len = FastDiv(static_cast<uint32_t>(p.seq_len));
   l.positions_row_stride = m ? m->positions_row_stride : 0;
   l.sec = m ? make_sections(*m) : Sections{};
-  const int64_t tokens_per_launch = std::max<int64_t>(((int64_t{1} << 31) - kBlock) / per_token, 1);
-  for (int64_t begin = 0; begin < p.num_tokens; begin += tokens_per_launch) {
+  const Target target{stream, device};
+  const int64_t per_launch = tokens_per_launch(per_token);
+  for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);
-    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
+    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * per_token;
-    // Smaller blocks while that leaves multiprocessors idle: a decode-sized call spreads
-    // its loads over more SMs.
-    int block = kBlock;
-    while (block > kMinBlock && (threads + block - 1) / block < num_sms(device)) block /= 2;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>((threads + block - 1) / block));
-    config.blockDim = dim3(block);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = use_pdl(device) ? 1 : 0;
-    const cudaError_t err = m ? cudaLaunchKernelEx(&config, set_kv_kernel<T, B, V, true>, p, s, l)
-                              : cudaLaunchKernelEx(&config, set_kv_kernel<T, B, V, false>, p, s, l);
+    const cudaError_t err = m ? launch_pdl(set_kv_kernel<T, B, V, true>, threads, target, p, s, l)
+                              : launch_pdl(set_kv_kernel<T, B, V, false>, threads, target, p, s, l);
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
-}
-
-int element_size(DType t) {
-  switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    default: return 2;
-  }
 }
 
 int buffer_element_size(BufferDType t) {
@@ -433,10 +298,6 @@ int buffer_element_size(BufferDType t) {
     case BufferDType::kBFloat16: return 2;
     default: return 1;
   }
-}
-
-bool aligned(const void* ptr, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
 }
 
 // Whether the store side (value, buffers, pass-through dims) allows vectors of v elements; the

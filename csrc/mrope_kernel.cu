@@ -1,122 +1,36 @@
 // The CUDA kernel behind rope_compat::mrope_rotary_embedding: multimodal RoPE in one launch.
 //
 // The same work units, launch shapes and memory access order as the plain kernel
-// (rotary_embedding_kernel.cu, whose comments give the measurements behind them): one token,
-// one group of heads, V rotated pairs per thread; q/k moved with 16-byte streaming accesses;
-// cos/sin loaded once per thread and reused for every head of its group. What differs is
-// where cos/sin come from: the thread loads the token's three positions (temporal, height,
-// width), and each of its V pairs i takes cos/sin from the row of section(i). The vector of V
-// pairs is loaded from each row that one of its pairs needs (one row for most vectors of the
-// contiguous layout, up to three in the interleaved one) and the pairs are picked in
-// registers (mrope_cos_sin), so the cache reads stay vector loads, shared by every head.
+// (rotary_embedding_kernel.cu and kernel_common.cuh, whose comments give the measurements
+// behind them): one token, one group of heads, V rotated pairs per thread; q/k moved with
+// 16-byte streaming accesses; cos/sin loaded once per thread and reused for every head of its
+// group. What differs is where cos/sin come from: the thread loads the token's three positions
+// (temporal, height, width), and each of its V pairs i takes cos/sin from the row of
+// section(i). The vector of V pairs is loaded from each row that one of its pairs needs (one
+// row for most vectors of the contiguous layout, up to three in the interleaved one) and the
+// pairs are picked in registers (mrope_cos_sin), so the cache reads stay vector loads, shared
+// by every head.
 // Nothing is gathered per call and nothing is allocated.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <type_traits>
 
+#include "kernel_common.cuh"
 #include "mrope.h"
 #include "mrope_sections.cuh"
 
 namespace rope_compat {
 namespace {
 
-constexpr int kBlock = 256;
-constexpr int kMinBlock = 64;
-
-// Division by a launch-time constant with a multiply and a shift (valid for n < 2^31).
-struct FastDiv {
-  uint32_t d, mul, shift;
-  explicit FastDiv(uint32_t divisor = 1) : d(divisor), shift(0) {
-    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
-    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
-};
+using namespace detail;
 
 struct Launch {
   FastDiv units_per_token, units_per_head;
   int32_t groups, token_begin, token_end;
   int64_t positions_row_stride;
   Sections sec;
-};
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
-  T v[N];
-};
-
-__host__ __device__ __forceinline__ int32_t total_heads(const RotaryParams& p) {
-  return p.num_heads + (p.key == nullptr ? 0 : p.num_kv_heads);
-}
-
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_qk(const T* ptr) {
-  if constexpr (sizeof(Vec<T, V>) == 16) {
-    const int4 raw = __ldcs(reinterpret_cast<const int4*>(ptr));
-    return *reinterpret_cast<const Vec<T, V>*>(&raw);
-  } else {
-    return *reinterpret_cast<const Vec<T, V>*>(ptr);
-  }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store_qk(T* ptr, const Vec<T, V>& v) {
-  if constexpr (sizeof(Vec<T, V>) == 16) {
-    __stcs(reinterpret_cast<int4*>(ptr), *reinterpret_cast<const int4*>(&v));
-  } else {
-    *reinterpret_cast<Vec<T, V>*>(ptr) = v;
-  }
-}
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(double x) { return static_cast<float>(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
-  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
-
-__device__ __forceinline__ void pdl_prologue() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// N cache values as loaded, converted where they are used (two-byte types kept as words).
-template <typename CT, int N, bool kWords = (sizeof(CT) == 2 && N % 2 == 0)>
-struct Stored {
-  Vec<CT, N> v;
-  __device__ __forceinline__ float get(int i) const { return to_float(v.v[i]); }
-};
-template <typename CT, int N>
-struct alignas(2 * N < 16 ? 2 * N : 16) Stored<CT, N, true> {
-  uint32_t w[N / 2];
-  __device__ __forceinline__ float get(int i) const {
-    const uint32_t bits = i % 2 == 0 ? w[i / 2] & 0xffffu : w[i / 2] >> 16;
-    if constexpr (std::is_same_v<CT, __nv_bfloat16>) {
-      return __uint_as_float(bits << 16);
-    } else {
-      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-    }
-  }
 };
 
 // The cos/sin of pairs [first, first + N) of a token, as floats. A vector whose pairs all
@@ -155,41 +69,6 @@ __device__ __forceinline__ void mrope_cos_sin(const CT* cache, int64_t row_strid
       if (sec[k] == s) c[k] = cv.get(k), sn[k] = sv.get(k);
     }
   }
-}
-
-template <bool kNeox, typename T, int V>
-__device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V], const float (&sn)[V]) {
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int ia = kNeox ? i : 2 * i;
-    const int ib = kNeox ? V + i : 2 * i + 1;
-    const float fa = to_float(run[ia]), fb = to_float(run[ib]);
-    run[ia] = from_float<T>(fa * c[i] - fb * sn[i]);
-    run[ib] = from_float<T>(fb * c[i] + fa * sn[i]);
-  }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void rotate_store(T* head, int32_t e1, int32_t e2, Vec<T, V>& x, Vec<T, V>& y,
-                                             const float (&c)[V], const float (&sn)[V], bool neox) {
-  T run[2 * V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    run[i] = x.v[i];
-    run[V + i] = y.v[i];
-  }
-  if (neox) {
-    rotate_run<true, T, V>(run, c, sn);
-  } else {
-    rotate_run<false, T, V>(run, c, sn);
-  }
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    x.v[i] = run[i];
-    y.v[i] = run[V + i];
-  }
-  store_qk<T, V>(head + e1, x);
-  store_qk<T, V>(head + e2, y);
 }
 
 // Several heads per thread: at most 128 registers (two blocks per SM, the plain kernel's
@@ -238,7 +117,7 @@ __global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
     float c[V], sn[V];
     mrope_cos_sin<CT, V>(cache, p.cache_row_stride, rows, j * V, half, l.sec, c, sn);
-    Vec<T, V> x = load_qk<T, V>(head + e1), y = load_qk<T, V>(head + e2);
+    Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
     if (p.inverse) {
 #pragma unroll
       for (int i = 0; i < V; ++i) sn[i] = -sn[i];
@@ -260,8 +139,8 @@ __global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE
                 : h < heads_total ? k_tok + (h - p.num_heads) * p.k_head_stride
                                   : nullptr;
       if (head[m] != nullptr) {
-        x[m] = load_qk<T, V>(head[m] + e1);
-        y[m] = load_qk<T, V>(head[m] + e2);
+        x[m] = load_stream<T, V>(head[m] + e1);
+        y[m] = load_stream<T, V>(head[m] + e2);
       }
     }
     if (!have_cos_sin) {
@@ -294,76 +173,23 @@ __global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE
   }
 }
 
-constexpr int kMaxDevices = 64;
-
-int num_sms(int dev) {
-  static int cached[kMaxDevices] = {0};
-  if (dev < 0 || dev >= kMaxDevices) dev = 0;
-  if (cached[dev] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    cached[dev] = n > 0 ? n : 132;
-  }
-  return cached[dev];
-}
-
-// Programmatic dependent launch on Hopper and newer, as the plain kernel (ROPE_COMPAT_PDL=0: off).
-bool use_pdl(int dev) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ROPE_COMPAT_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  if (!enabled) return false;
-  static int cached[kMaxDevices] = {0};
-  if (dev < 0 || dev >= kMaxDevices) return false;
-  if (cached[dev] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cached[dev] = major >= 9 ? 1 : 2;
-  }
-  return cached[dev] == 1;
-}
-
-struct Target {
-  cudaStream_t stream;
-  int device;
-};
-
-template <typename... Params, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(Params...), int64_t threads, const Target& t, const Args&... args) {
-  int block = kBlock;
-  while (block > kMinBlock && (threads + block - 1) / block < num_sms(t.device)) block /= 2;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((threads + block - 1) / block));
-  config.blockDim = dim3(block);
-  config.stream = t.stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = use_pdl(t.device) ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, args...);
-}
-
 // The plain kernel's launch choices (one head per thread for small calls, 2 or 4 heads per
 // thread for large ones), with the MRoPE fields.
 template <typename T, typename CT, int V>
 int launch(const RotaryParams& p, const MropeParams& m, const Target& t) {
   const int32_t units_per_head = p.rot_dim / 2 / V;
   const int32_t heads_total = total_heads(p);
-  const int64_t work = static_cast<int64_t>(p.num_tokens) * heads_total * units_per_head;
-  const int64_t resident = static_cast<int64_t>(num_sms(t.device)) * 2048;
-  const int64_t per_thread = work < 8 * resident ? 1 : 4;
+  const int64_t per_thread = heads_per_thread(p, units_per_head, t.device);
   Launch l;
   l.groups = static_cast<int32_t>((heads_total + per_thread - 1) / per_thread);
   l.units_per_token = FastDiv(static_cast<uint32_t>(l.groups * units_per_head));
   l.units_per_head = FastDiv(static_cast<uint32_t>(units_per_head));
   l.positions_row_stride = m.positions_row_stride;
   l.sec = make_sections(m);
-  const int64_t tokens_per_launch = std::max<int64_t>(((int64_t{1} << 31) - kBlock) / l.units_per_token.d, 1);
-  for (int64_t begin = 0; begin < p.num_tokens; begin += tokens_per_launch) {
+  const int64_t per_launch = tokens_per_launch(l.units_per_token.d);
+  for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);
-    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
+    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * l.units_per_token.d;
     const cudaError_t err = per_thread == 1      ? launch_pdl(mrope_kernel<T, CT, V, 1>, threads, t, p, l)
                             : units_per_head >= 8 ? launch_pdl(mrope_kernel<T, CT, V, 2>, threads, t, p, l)
@@ -371,17 +197,6 @@ int launch(const RotaryParams& p, const MropeParams& m, const Target& t) {
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
-}
-
-// The plain kernel's vector width rule (vector_width, then 8-byte vectors for 2048-6144
-// threads at 16-byte vectors).
-template <typename T>
-int call_width(const RotaryParams& p) {
-  const int v = vector_width(p);
-  if (v * static_cast<int>(sizeof(T)) != 16) return v;
-  const int64_t heads_total = total_heads(p);
-  const int64_t threads = static_cast<int64_t>(p.num_tokens) * heads_total * (p.rot_dim / 2 / v);
-  return threads >= 2048 && threads <= 6144 ? v / 2 : v;
 }
 
 template <typename T, typename CT>

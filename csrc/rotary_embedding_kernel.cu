@@ -13,167 +13,19 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <type_traits>
 
+#include "kernel_common.cuh"
 #include "rotary_embedding.h"
 
 namespace rope_compat {
 namespace {
 
-// Blocks of 256 threads (see launch_pdl for small calls): smaller blocks measured slower for
-// large calls, although a plain pass over the same bytes prefers 128
-// (benchmarks/studies/results/h200_partial_floor.txt).
-constexpr int kBlock = 256;
-constexpr int kMinBlock = 64;
-
-// Division by a launch-time constant with a multiply and a shift (valid for n < 2^31):
-// a plain integer division costs tens of instructions on the decode critical path.
-struct FastDiv {
-  uint32_t d, mul, shift;
-  explicit FastDiv(uint32_t divisor = 1) : d(divisor), shift(0) {
-    while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
-    mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
-};
+using namespace detail;
 
 struct Launch {
   FastDiv units_per_token, units_per_head, seq_len;
   int32_t groups, token_begin, token_end;
 };
-
-template <typename T, int N>
-struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
-  T v[N];
-};
-
-// q heads, then k heads when there is a key: the heads a token's threads walk through.
-__host__ __device__ __forceinline__ int32_t total_heads(const RotaryParams& p) {
-  return p.num_heads + (p.key == nullptr ? 0 : p.num_kv_heads);
-}
-
-// q/k accesses with the streaming (evict-first) cache hint: every q/k byte is touched exactly
-// once, so caching it only displaces the cos/sin rows, which are reused.
-template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> load_qk(const T* ptr) {
-  if constexpr (sizeof(Vec<T, V>) == 16) {
-    const int4 raw = __ldcs(reinterpret_cast<const int4*>(ptr));
-    return *reinterpret_cast<const Vec<T, V>*>(&raw);
-  } else {
-    return *reinterpret_cast<const Vec<T, V>*>(ptr);
-  }
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store_qk(T* ptr, const Vec<T, V>& v) {
-  if constexpr (sizeof(Vec<T, V>) == 16) {
-    __stcs(reinterpret_cast<int4*>(ptr), *reinterpret_cast<const int4*>(&v));
-  } else {
-    *reinterpret_cast<Vec<T, V>*>(ptr) = v;
-  }
-}
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(double x) { return static_cast<float>(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
-  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
-
-// N cos and N sin values as floats: cache_row[0, N) and cache_row[half, half + N).
-template <typename CT, int N>
-__device__ __forceinline__ void load_cos_sin(const CT* cache_row, int32_t half, float (&c)[N], float (&sn)[N]) {
-  const Vec<CT, N> cv = *reinterpret_cast<const Vec<CT, N>*>(cache_row);
-  const Vec<CT, N> sv = *reinterpret_cast<const Vec<CT, N>*>(cache_row + half);
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    c[i] = to_float(cv.v[i]);
-    sn[i] = to_float(sv.v[i]);
-  }
-}
-
-// What a kernel launched by launch_pdl does first (see use_pdl): let the next kernel launch
-// now, and wait for the previous one's writes.
-__device__ __forceinline__ void pdl_prologue() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// N cache values as loaded, converted one by one where they are used. Two-byte types are kept
-// as 32-bit words: a vector of 16-bit values is unpacked right at the load, and unpacking waits
-// for the load to return.
-template <typename CT, int N, bool kWords = (sizeof(CT) == 2 && N % 2 == 0)>
-struct Stored {
-  Vec<CT, N> v;
-  __device__ __forceinline__ float get(int i) const { return to_float(v.v[i]); }
-};
-template <typename CT, int N>
-struct alignas(2 * N < 16 ? 2 * N : 16) Stored<CT, N, true> {
-  uint32_t w[N / 2];
-  __device__ __forceinline__ float get(int i) const {
-    const uint32_t bits = i % 2 == 0 ? w[i / 2] & 0xffffu : w[i / 2] >> 16;
-    if constexpr (std::is_same_v<CT, __nv_bfloat16>) {
-      return __uint_as_float(bits << 16);
-    } else {
-      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-    }
-  }
-};
-
-template <bool kNeox, typename T, int V>
-__device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V], const float (&sn)[V]) {
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int ia = kNeox ? i : 2 * i;
-    const int ib = kNeox ? V + i : 2 * i + 1;
-    const float fa = to_float(run[ia]), fb = to_float(run[ib]);
-    run[ia] = from_float<T>(fa * c[i] - fb * sn[i]);
-    run[ib] = from_float<T>(fb * c[i] + fa * sn[i]);
-  }
-}
-
-// Rotates the two vectors x (at head + e1) and y (at head + e2) of one head and stores them.
-template <typename T, int V>
-__device__ __forceinline__ void rotate_store(T* head, int32_t e1, int32_t e2, Vec<T, V>& x, Vec<T, V>& y,
-                                             const float (&c)[V], const float (&sn)[V], bool neox) {
-  // The 2V elements [x | y]: NeoX pairs (i, V + i), GPT-J pairs (2i, 2i + 1).
-  T run[2 * V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    run[i] = x.v[i];
-    run[V + i] = y.v[i];
-  }
-  // Two unrolled copies so that every index is a compile-time constant (registers only).
-  if (neox) {
-    rotate_run<true, T, V>(run, c, sn);
-  } else {
-    rotate_run<false, T, V>(run, c, sn);
-  }
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    x.v[i] = run[i];
-    y.v[i] = run[V + i];
-  }
-  store_qk<T, V>(head + e1, x);
-  store_qk<T, V>(head + e2, y);
-}
 
 template <typename T, typename CT, int V, int kHeadsPerBatch>
 __global__ void __launch_bounds__(kBlock)
@@ -226,7 +78,7 @@ __global__ void __launch_bounds__(kBlock)
     const Stored<CT, V> sv = *reinterpret_cast<const Stored<CT, V>*>(cache_row + half);
     T* const head = group < p.num_heads ? q_tok + group * p.q_head_stride
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
-    Vec<T, V> x = load_qk<T, V>(head + e1), y = load_qk<T, V>(head + e2);
+    Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
     const float sign = p.inverse ? -1.f : 1.f;
     float c[V], sn[V];
 #pragma unroll
@@ -252,8 +104,8 @@ __global__ void __launch_bounds__(kBlock)
                 : h < heads_total ? k_tok + (h - p.num_heads) * p.k_head_stride
                                   : nullptr;
       if (head[m] != nullptr) {
-        x[m] = load_qk<T, V>(head[m] + e1);
-        y[m] = load_qk<T, V>(head[m] + e2);
+        x[m] = load_stream<T, V>(head[m] + e1);
+        y[m] = load_stream<T, V>(head[m] + e2);
       }
     }
     if (!have_cos_sin) {
@@ -288,94 +140,23 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// Per-device facts, cached: querying them on every call would cost host time.
-constexpr int kMaxDevices = 64;
-
-int num_sms(int dev) {
-  static int cached[kMaxDevices] = {0};
-  if (dev < 0 || dev >= kMaxDevices) dev = 0;
-  if (cached[dev] == 0) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    cached[dev] = n > 0 ? n : 132;
-  }
-  return cached[dev];
-}
-
-// Programmatic dependent launch (Hopper and newer): the kernel may be scheduled while the
-// previous kernel in the stream is still running, which hides the launch latency of
-// decode-sized calls. The kernel waits (griddepcontrol.wait) for the previous grid to finish
-// and flush before it reads anything, so results are the same as with a plain launch.
-// ROPE_COMPAT_PDL=0 turns it off.
-bool use_pdl(int dev) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ROPE_COMPAT_PDL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  if (!enabled) return false;
-  static int cached[kMaxDevices] = {0};  // 0 unknown, 1 yes, 2 no
-  if (dev < 0 || dev >= kMaxDevices) return false;
-  if (cached[dev] == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cached[dev] = major >= 9 ? 1 : 2;
-  }
-  return cached[dev] == 1;
-}
-
-// Where a launch goes: the stream, and the device it belongs to (the current one).
-struct Target {
-  cudaStream_t stream;
-  int device;
-};
-
-// Launches `kernel` (which starts with pdl_prologue) over `threads` threads.
-// benchmarks/studies/floors.cuh copies this launch, so that its floors are launched as the
-// kernel is: keep the two alike.
-template <typename... Params, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(Params...), int64_t threads, const Target& t, const Args&... args) {
-  // Blocks of 256 threads, smaller (down to kMinBlock) while that leaves multiprocessors idle:
-  // a decode-sized call then spreads its loads over more SMs.
-  int block = kBlock;
-  while (block > kMinBlock && (threads + block - 1) / block < num_sms(t.device)) block /= 2;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((threads + block - 1) / block));
-  config.blockDim = dim3(block);
-  config.stream = t.stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = use_pdl(t.device) ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, args...);
-}
-
 template <typename T, typename CT, int V>
 int launch(const RotaryParams& p, const Target& t) {
   const int32_t units_per_head = p.rot_dim / 2 / V;
   const int32_t heads_total = total_heads(p);
-  // Small calls: one head per thread, for the most parallelism and the shortest chain (several
-  // heads per thread lengthen each thread's chain more than they save).
-  // Large calls: 4 heads per thread, so the cos/sin row is reused. How many of them have loads
-  // in flight at once: 2 for whole 128-dim heads (8+ units a head), whose loads are already
-  // wide, and 4 for 64 rotated dims (4 units a head); more measured slower in both cases.
-  // Where one changes to the other: one head per thread while the call has fewer than 8 units
-  // (threads at one head each) for each thread the GPU holds at once, so that a call fills the
-  // GPU before it trades parallelism for reuse; a higher limit gained nothing in an engine-like
-  // sequence (benchmarks/studies/results/h200_launch_limits.txt).
-  const int64_t work = static_cast<int64_t>(p.num_tokens) * heads_total * units_per_head;
-  const int64_t resident = static_cast<int64_t>(num_sms(t.device)) * 2048;
-  const int64_t per_thread = work < 8 * resident ? 1 : 4;
+  // 1 or 4 heads per thread (heads_per_thread gives the rule). Of the 4, how many have loads in
+  // flight at once: 2 for whole 128-dim heads (8+ units a head), whose loads are already wide,
+  // and 4 for 64 rotated dims (4 units a head); more measured slower in both cases.
+  const int64_t per_thread = heads_per_thread(p, units_per_head, t.device);
   Launch l;
   l.groups = static_cast<int32_t>((heads_total + per_thread - 1) / per_thread);
   l.units_per_token = FastDiv(static_cast<uint32_t>(l.groups * units_per_head));
   l.units_per_head = FastDiv(static_cast<uint32_t>(units_per_head));
   l.seq_len = FastDiv(static_cast<uint32_t>(p.seq_len));
-  // Split huge calls so that every thread index fits in 31 bits.
-  const int64_t tokens_per_launch = std::max<int64_t>(((int64_t{1} << 31) - kBlock) / l.units_per_token.d, 1);
-  for (int64_t begin = 0; begin < p.num_tokens; begin += tokens_per_launch) {
+  const int64_t per_launch = tokens_per_launch(l.units_per_token.d);
+  for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);
-    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + tokens_per_launch));
+    l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * l.units_per_token.d;
     const cudaError_t err = per_thread == 1      ? launch_pdl(rotary_kernel<T, CT, V, 1>, threads, t, p, l)
                             : units_per_head >= 8 ? launch_pdl(rotary_kernel<T, CT, V, 2>, threads, t, p, l)
@@ -383,20 +164,6 @@ int launch(const RotaryParams& p, const Target& t) {
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
-}
-
-// Vector width for this call: the widest the pointers and strides allow, except that a call
-// of 2048 to 6144 threads at 16-byte vectors runs with 8-byte vectors (twice the threads):
-// twice the threads put more loads in flight at once. That is the range where it measured
-// faster; outside it the narrower accesses measured slower
-// (benchmarks/studies/results/h200_launch_limits.txt).
-template <typename T>
-int call_width(const RotaryParams& p) {
-  const int v = vector_width(p);
-  if (v * static_cast<int>(sizeof(T)) != 16) return v;
-  const int64_t heads_total = total_heads(p);
-  const int64_t threads = static_cast<int64_t>(p.num_tokens) * heads_total * (p.rot_dim / 2 / v);
-  return threads >= 2048 && threads <= 6144 ? v / 2 : v;
 }
 
 template <typename T, typename CT>
@@ -421,18 +188,6 @@ int dispatch_cache(const RotaryParams& p, const Target& t) {
     case DType::kFloat64: return dispatch_width<T, double>(p, t);
   }
   return static_cast<int>(cudaErrorInvalidValue);
-}
-
-int element_size(DType t) {
-  switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    default: return 2;
-  }
-}
-
-bool aligned(const void* ptr, int64_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 """Large calls on the GPU: the kernel's many-heads-per-thread path and its launch splitting.
 
 Small cases (the rest of the suite) run one head per thread; calls of at least 8 units of work
-per thread the GPU holds at once (see launch() in csrc/rotary_embedding_kernel.cu: about 6800
+per thread the GPU holds at once (see heads_per_thread() in csrc/kernel_common.cuh: about 6800
 tokens of 32/8x128 on an H200, 16900 of 16/16x256 rot64) run several heads per thread in
 batches. These cases reach that path with model shapes (and, at 8192 tokens, one head per thread
 in calls of that size) and compare sampled tokens with the float64 reference, and the whole
