@@ -136,6 +136,36 @@ def test_fused_store_matches_reference(device, dtype, form, loc_dtype):
     assert torch.equal(kb.cpu()[others], kb0.cpu()[others]) and torch.equal(vb.cpu()[others], vb0.cpu()[others])
 
 
+def _dispatched_ops(fn) -> list:
+    """Names of the rope_compat ops the dispatcher saw during fn() (the profiler records each)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("rope_compat::")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and rope_compat.has_cuda_kernel()),
+                    reason="needs a CUDA device and the CUDA kernel")
+def test_fused_decode_call_skips_the_dispatcher():
+    """SGLang's fused call takes the direct launch, as rotary_embedding_set_kv does (through the
+    dispatcher it cost several microseconds of host time per call)."""
+    head, kv_heads, tokens, rows = 64, 2, 3, 16
+    _, q, k = _views("cuda", torch.bfloat16, 4, kv_heads, head, tokens)
+    cache = random_cache(100, head, torch.float32, "cuda")
+    positions = torch.randint(0, 100, (tokens,), device="cuda")
+    value, kb, vb, loc = _buffers("cuda", torch.bfloat16, kv_heads, head, tokens, rows)
+    arg = FusedSetKVBufferArg(value, kb, vb, loc)
+    call = lambda: sgl.apply_rope_with_cos_sin_cache_inplace(q, k, cache, positions, is_neox=True,  # noqa: E731
+                                                             fused_args=arg)
+    assert _dispatched_ops(call) == []
+    # The check can see the dispatcher: the op itself is recorded.
+    op = torch.ops.rope_compat.rotary_embedding_set_kv
+    seen = _dispatched_ops(lambda: op(positions, q, k, head, cache, True, value, kb, vb, loc))
+    assert "rope_compat::rotary_embedding_set_kv" in seen
+
+
 @pytest.mark.parametrize(
     "call, exc, match",
     [
