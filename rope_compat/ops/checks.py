@@ -144,12 +144,7 @@ def check_mrope_types(
 ) -> Tuple[int, list, int]:
     """The argument types of `mrope_rotary_embedding`, in order; (head_size, mrope_section,
     rope_dim_offset)."""
-    check_tensor("positions", positions)
-    check_tensor("query", query)
-    check_optional_tensor("key", key)
-    head_size = check_int("head_size", head_size)
-    check_tensor("cos_sin_cache", cos_sin_cache)
-    check_bool("is_neox", is_neox)
+    head_size, _ = check_rotary_types(positions, query, key, head_size, cos_sin_cache, is_neox)
     sections = check_int_list("mrope_section", mrope_section)
     check_bool("mrope_interleaved", mrope_interleaved)
     rope_dim_offset = check_int("rope_dim_offset", rope_dim_offset)
