@@ -1,15 +1,12 @@
 // The CUDA kernel behind rope_compat::mrope_rotary_embedding: multimodal RoPE in one launch.
 //
-// The same work units, launch shapes and memory access order as the plain kernel
-// (rotary_embedding_kernel.cu and kernel_common.cuh, whose comments give the measurements
-// behind them): one token, one group of heads, V rotated pairs per thread; q/k moved with
-// 16-byte streaming accesses; cos/sin loaded once per thread and reused for every head of its
-// group. What differs is where cos/sin come from: the thread loads the token's three positions
-// (temporal, height, width), and each of its V pairs i takes cos/sin from the row of
-// section(i). The vector of V pairs is loaded from each row that one of its pairs needs (one
-// row for most vectors of the contiguous layout, up to three in the interleaved one) and the
-// pairs are picked in registers (mrope_cos_sin), so the cache reads stay vector loads, shared
-// by every head.
+// The same work units and launch shapes as the plain kernel (rotary_embedding_kernel.cu and
+// kernel_common.cuh, whose comments give the measurements behind them): one token, one group
+// of heads, V rotated pairs per thread; q/k moved with 16-byte streaming accesses; cos/sin
+// loaded once per thread and reused for every head of its group. What differs is where cos/sin
+// come from: the thread loads the token's three positions (temporal, height, width), and each
+// of its V pairs i takes cos/sin from the row of section(i) (MropeCosSin: two vector loads from
+// one row where the call's sections allow, else one scalar load per pair from its own row).
 // Nothing is gathered per call and nothing is allocated.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,55 +30,57 @@ struct Launch {
   Sections sec;
 };
 
-// The cos/sin of pairs [first, first + N) of a token, as floats. A vector whose pairs all
-// share one row (most vectors of the contiguous layout: every one where the section
-// boundaries are multiples of N) is one vector load per half, as in the plain kernel; any
-// other takes the vector of each row one of its pairs needs, one row at a time, and keeps
-// each pair's value from its own row (so at most one row's vector is live besides c/sn).
+// The cos/sin of pairs [first, first + N) of a token, loaded before anything uses them: they
+// are converted to float (cos(k), sin(k)) only after the thread has issued its q/k loads, so
+// that no load waits for another (see the plain kernel's load order).
+//   kGather false, one row: every vector of the call lies in one section (contiguous layout,
+// section boundaries multiples of the vector), so the thread picks its row and loads two
+// vectors from it, as the plain kernel does.
+//   kGather true, one row per pair (interleaved layout, or boundaries inside a vector): each
+// pair is a scalar load from the row of its section, the row picked before the load rather
+// than the value after it. Loading the vector of every row a pair needs and selecting in
+// registers took three rows' worth of registers (spills in the several-heads kernels) and
+// made the selection wait for all of them.
+template <typename CT, int N, bool kGather>
+struct MropeCosSin;
+
 template <typename CT, int N>
-__device__ __forceinline__ void mrope_cos_sin(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
-                                              int32_t first, int32_t half, const Sections& sections,
-                                              float (&c)[N], float (&sn)[N]) {
-  const int s_first = section_of(sections, first);
-  if (!sections.interleaved && s_first == section_of(sections, first + N - 1)) {
-    const int64_t row = s_first == 0 ? rows[0] : s_first == 1 ? rows[1] : rows[2];
-    const CT* r = cache + row * row_stride + first;
-    const Stored<CT, N> cv = *reinterpret_cast<const Stored<CT, N>*>(r);
-    const Stored<CT, N> sv = *reinterpret_cast<const Stored<CT, N>*>(r + half);
-#pragma unroll
-    for (int k = 0; k < N; ++k) c[k] = cv.get(k), sn[k] = sv.get(k);
-    return;
+struct MropeCosSin<CT, N, false> {
+  Stored<CT, N> c, s;
+  __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
+                                       int32_t first, int32_t half, const Sections& sec) {
+    const int sid = section_of(sec, first);
+    const CT* r = cache + (sid == 0 ? rows[0] : sid == 1 ? rows[1] : rows[2]) * row_stride + first;
+    c = *reinterpret_cast<const Stored<CT, N>*>(r);
+    s = *reinterpret_cast<const Stored<CT, N>*>(r + half);
   }
-  int sec[N];
+  __device__ __forceinline__ float cos(int k) const { return c.get(k); }
+  __device__ __forceinline__ float sin(int k) const { return s.get(k); }
+};
+
+template <typename CT, int N>
+struct MropeCosSin<CT, N, true> {
+  CT c[N], s[N];
+  __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
+                                       int32_t first, int32_t half, const Sections& sec) {
+    // Pair first + k sits k elements past `first` in its row: an immediate offset of each load.
+    const CT* base[3];
 #pragma unroll
-  for (int k = 0; k < N; ++k) sec[k] = section_of(sections, first + k);
-#pragma unroll
-  for (int s = 0; s < 3; ++s) {
-    bool used = false;
-#pragma unroll
-    for (int k = 0; k < N; ++k) used |= sec[k] == s;
-    if (!used) continue;
-    const CT* r = cache + rows[s] * row_stride + first;
-    const Stored<CT, N> cv = *reinterpret_cast<const Stored<CT, N>*>(r);
-    const Stored<CT, N> sv = *reinterpret_cast<const Stored<CT, N>*>(r + half);
+    for (int r = 0; r < 3; ++r) base[r] = cache + rows[r] * row_stride + first;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      if (sec[k] == s) c[k] = cv.get(k), sn[k] = sv.get(k);
+      const int sid = section_of(sec, first + k);
+      const CT* r = sid == 0 ? base[0] : sid == 1 ? base[1] : base[2];
+      c[k] = r[k];
+      s[k] = r[half + k];
     }
   }
-}
+  __device__ __forceinline__ float cos(int k) const { return to_float(c[k]); }
+  __device__ __forceinline__ float sin(int k) const { return to_float(s[k]); }
+};
 
-// Several heads per thread: at most 128 registers (two blocks per SM, the plain kernel's
-// occupancy), at the price of a few spilled words (ptxas: 60 bytes for bf16 q, float32 cache,
-// 2 heads per thread); unbounded, the compiler spends up to 192 on hoisting cos/sin loads,
-// which leaves one block per SM. Not yet measured which is faster: build with
-// NVCC_APPEND_FLAGS=-DROPE_COMPAT_MROPE_MIN_BLOCKS=1 for the unbounded kernel.
-#ifndef ROPE_COMPAT_MROPE_MIN_BLOCKS
-#define ROPE_COMPAT_MROPE_MIN_BLOCKS 2
-#endif
-template <typename T, typename CT, int V, int kHeadsPerBatch>
-__global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE_MIN_BLOCKS : 1)
-    mrope_kernel(const RotaryParams p, const Launch l) {
+template <typename T, typename CT, int V, int kHeadsPerBatch, bool kGather>
+__global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, const Launch l) {
   const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t local_token = l.units_per_token.div(unit);
   const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
@@ -115,18 +114,35 @@ __global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE
     if (!in_cache) return;
     T* const head = group < p.num_heads ? q_tok + group * p.q_head_stride
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
-    float c[V], sn[V];
-    mrope_cos_sin<CT, V>(cache, p.cache_row_stride, rows, j * V, half, l.sec, c, sn);
+    MropeCosSin<CT, V, kGather> cs;
+    cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
     Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
-    if (p.inverse) {
+    const float sign = p.inverse ? -1.f : 1.f;
+    float c[V], sn[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) sn[i] = -sn[i];
+    for (int i = 0; i < V; ++i) {
+      c[i] = cs.cos(i);
+      sn[i] = sign * cs.sin(i);  // exact: sign is +1 or -1
     }
     rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     return;
   }
 
-  // Large calls, kHeadsPerBatch heads per thread: q/k loads first, then the cos/sin.
+  // Large calls, kHeadsPerBatch heads per thread: the cache loads go out first, the first
+  // batch's q/k loads next, and only then are the cos/sin converted. (The plain kernel issues
+  // its q/k loads first; here, holding the first batch's q/k in registers while the per-pair
+  // loads were issued took up to 158 registers, and that order measured 1.4x slower on
+  // interleaved sections at 8192-32768 tokens, the same on contiguous ones:
+  // benchmarks/studies/results/mrope_vs_plain.txt.) The thread's V pairs are loaded as two
+  // runs of V / 2: for NeoX [jV, jV + V/2) and [jV + V/2, jV + V); for GPT-J over both halves
+  // the pairs of vector j of each half.
+  if (!in_cache) return;
+  constexpr int kLo = V > 1 ? V / 2 : 1;
+  MropeCosSin<CT, kLo, kGather> lo, hi;
+  const int32_t lo_first = halves && !p.is_neox ? j * kLo : j * V;
+  const int32_t hi_first = halves && !p.is_neox ? half / 2 + j * kLo : j * V + kLo;
+  lo.load(cache, p.cache_row_stride, rows, lo_first, half, l.sec);
+  if constexpr (V > 1) hi.load(cache, p.cache_row_stride, rows, hi_first, half, l.sec);
   float c[V], sn[V];
   bool have_cos_sin = false;
   for (int32_t h0 = group; h0 < heads_total; h0 += kHeadsPerBatch * groups) {
@@ -144,24 +160,11 @@ __global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE
       }
     }
     if (!have_cos_sin) {
-      if (!in_cache) return;
-      if (p.is_neox || !halves) {
-        mrope_cos_sin<CT, V>(cache, p.cache_row_stride, rows, j * V, half, l.sec, c, sn);
-      } else if constexpr (V > 1) {
-        // GPT-J over both halves: the pairs of vector j of each half, V / 2 of them each.
-        constexpr int kHalfV = V / 2;
-        float c0[kHalfV], s0[kHalfV], c1[kHalfV], s1[kHalfV];
-        mrope_cos_sin<CT, kHalfV>(cache, p.cache_row_stride, rows, j * kHalfV, half, l.sec, c0, s0);
-        mrope_cos_sin<CT, kHalfV>(cache, p.cache_row_stride, rows, half / 2 + j * kHalfV, half, l.sec, c1, s1);
+      const float sign = p.inverse ? -1.f : 1.f;
 #pragma unroll
-        for (int i = 0; i < kHalfV; ++i) {
-          c[i] = c0[i], sn[i] = s0[i];
-          c[kHalfV + i] = c1[i], sn[kHalfV + i] = s1[i];
-        }
-      }
-      if (p.inverse) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) sn[i] = -sn[i];
+      for (int i = 0; i < V; ++i) {
+        c[i] = i < kLo ? lo.cos(i) : hi.cos(i - kLo);
+        sn[i] = sign * (i < kLo ? lo.sin(i) : hi.sin(i - kLo));
       }
       have_cos_sin = true;
     }
@@ -171,6 +174,14 @@ __global__ void __launch_bounds__(kBlock, kHeadsPerBatch > 1 ? ROPE_COMPAT_MROPE
       rotate_store<T, V>(head[m], e1, e2, x[m], y[m], c, sn, p.is_neox);
     }
   }
+}
+
+template <typename T, typename CT, int V, bool kGather>
+cudaError_t launch_kernel(int64_t per_thread, int32_t units_per_head, int64_t threads, const Target& t,
+                          const RotaryParams& p, const Launch& l) {
+  return per_thread == 1      ? launch_pdl(mrope_kernel<T, CT, V, 1, kGather>, threads, t, p, l)
+         : units_per_head >= 8 ? launch_pdl(mrope_kernel<T, CT, V, 2, kGather>, threads, t, p, l)
+                               : launch_pdl(mrope_kernel<T, CT, V, 4, kGather>, threads, t, p, l);
 }
 
 // The plain kernel's launch choices (one head per thread for small calls, 2 or 4 heads per
@@ -186,14 +197,22 @@ int launch(const RotaryParams& p, const MropeParams& m, const Target& t) {
   l.units_per_head = FastDiv(static_cast<uint32_t>(units_per_head));
   l.positions_row_stride = m.positions_row_stride;
   l.sec = make_sections(m);
+  // One row per vector where no section boundary falls inside a vector of V pairs (the
+  // several-heads kernels load runs of V / 2 pairs at multiples of V / 2, as half % V == 0,
+  // which a boundary at a multiple of V never splits either).
+  const bool gather = V > 1 && (m.interleaved || l.sec.t_end % V != 0 || l.sec.h_end % V != 0);
   const int64_t per_launch = tokens_per_launch(l.units_per_token.d);
   for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);
     l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * l.units_per_token.d;
-    const cudaError_t err = per_thread == 1      ? launch_pdl(mrope_kernel<T, CT, V, 1>, threads, t, p, l)
-                            : units_per_head >= 8 ? launch_pdl(mrope_kernel<T, CT, V, 2>, threads, t, p, l)
-                                                  : launch_pdl(mrope_kernel<T, CT, V, 4>, threads, t, p, l);
+    cudaError_t err;
+    if constexpr (V > 1) {
+      err = gather ? launch_kernel<T, CT, V, true>(per_thread, units_per_head, threads, t, p, l)
+                   : launch_kernel<T, CT, V, false>(per_thread, units_per_head, threads, t, p, l);
+    } else {
+      err = launch_kernel<T, CT, V, false>(per_thread, units_per_head, threads, t, p, l);
+    }
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;

@@ -27,6 +27,9 @@ CONFIGS = {
     "qwen2.5-vl-7b": (28, 4, 128, 128, [16, 24, 24], False),
     "qwen2-vl-small": (12, 2, 128, 128, [16, 24, 24], False),
     "qwen3-vl-8b": (32, 8, 128, 128, [24, 20, 20], True),
+    # Boundaries inside a vector: the kernel's per-pair loads on a contiguous layout (all launch
+    # paths: enough heads that 9000 tokens take the several-heads-per-thread kernels).
+    "contig-unaligned": (32, 8, 128, 128, [13, 27, 24], False),
     "odd-contig": (5, 1, 80, 48, [5, 7, 12], False),
     "odd-interleaved": (3, 3, 64, 40, [9, 6, 5], True),
     "zero-section": (4, 2, 64, 64, [32, 0, 0], False),

@@ -1,8 +1,8 @@
-// Shared by the standalone floor benchmarks (kernel_floors.cu, partial_floor.cu,
-// decode_floor.cu): the CUDA error check, the graph timing they all report, the check that
-// an in-place test pass flipped exactly the bytes it should, and a launch that copies the
-// kernel's own (csrc/kernel_common.cuh, launch_pdl), so that the floors are launched as the
-// kernel is without reaching into its source.
+// Shared by the standalone benchmarks of studies/ (kernel_floors.cu, partial_floor.cu,
+// decode_floor.cu, mrope_vs_plain.cu, fused_floor.cu): the CUDA error check, the graph timing
+// they all report, the check that an in-place test pass flipped exactly the bytes it should,
+// and a launch that copies the kernel's own (csrc/kernel_common.cuh, launch_pdl), so that the
+// floors are launched as the kernel is without reaching into its source.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,0 +1,224 @@
+// The MRoPE kernel against the plain kernel on the same q/k, without torch: what an MRoPE call
+// costs over a plain rope call of the same shape and tokens (the target is at most 1.1x).
+//
+// For each shape (bf16 q/k sliced from a fused qkv tensor, NeoX, float32 cache of 262144 rows
+// of real angles, random int64 positions [3, T] with three different rows, CUDA-graph replays
+// over input sets that together exceed 2.5x the L2) it prints the MRoPE kernel's time, the
+// plain kernel's on the temporal row, and their ratio; also the MRoPE kernel with the three
+// rows equal (a text token, where the three rows are one). Before timing, each MRoPE kernel is
+// checked at 1000 tokens against a float64 reference on the host (pass-through dims included).
+//
+// Build and run from the repository root on a CUDA machine (no torch needed); both kernels are
+// linked from their own source files, as the extension links them:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/mrope_vs_plain benchmarks/studies/mrope_vs_plain.cu \
+//       csrc/mrope_kernel.cu csrc/rotary_embedding_kernel.cu
+//   /tmp/mrope_vs_plain [tokens,...]
+// To time another version of the MRoPE kernel, link its .cu file instead of csrc/mrope_kernel.cu.
+#include "mrope.h"
+#include "rotary_embedding.h"
+#include "floors.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace rope_compat;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int hq, hk, d;
+  int section[3];
+  bool interleaved;
+};
+
+constexpr int64_t kCacheRows = 262144;
+
+int section_of(const Shape& s, int i) {
+  if (!s.interleaved) return (i >= s.section[0]) + (i >= s.section[0] + s.section[1]);
+  return (i % 3 == 1 && i < 3 * s.section[1]) ? 1 : (i % 3 == 2 && i < 3 * s.section[2]) ? 2 : 0;
+}
+
+struct Set {
+  __nv_bfloat16* qkv;
+  int64_t* pos;  // [3, T]
+};
+
+RotaryParams params(const Shape& s, const Set& set, const float* cache, int tokens) {
+  RotaryParams p{};
+  const int64_t row = static_cast<int64_t>(s.hq + 2 * s.hk) * s.d;
+  p.positions = set.pos;
+  p.query = set.qkv;
+  p.key = set.qkv + static_cast<int64_t>(s.hq) * s.d;
+  p.cache = cache;
+  p.q_batch_stride = p.k_batch_stride = row * tokens;
+  p.q_token_stride = p.k_token_stride = row;
+  p.q_head_stride = p.k_head_stride = s.d;
+  p.cache_rows = kCacheRows;
+  p.cache_row_stride = s.d;
+  p.num_tokens = p.seq_len = tokens;
+  p.num_heads = s.hq;
+  p.num_kv_heads = s.hk;
+  p.rot_dim = s.d;
+  p.dtype = DType::kBFloat16;
+  p.cache_dtype = DType::kFloat32;
+  p.positions_int64 = true;
+  p.is_neox = true;
+  return p;
+}
+
+MropeParams mrope_params(const Shape& s, int tokens) {
+  MropeParams m{};
+  m.positions_row_stride = tokens;
+  for (int i = 0; i < 3; ++i) m.section[i] = s.section[i];
+  m.interleaved = s.interleaved;
+  return m;
+}
+
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+  return x;
+}
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = __float2bfloat16((float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f);
+}
+__global__ void fill_pos(int64_t* p, int64_t n, int64_t rows, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = (int64_t)(mix(i * 2654435761ULL + seed) % rows);
+}
+
+float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Largest error of the MRoPE kernel against a float64 reference, in units of bf16 rounding of
+// the result (|err| / max(|ref|, 1) / 2^-8); pass-through or out-of-rotation changes count as huge.
+double check(const Shape& s, const std::vector<float>& cache, const float* d_cache) {
+  const int tokens = 1000, row = (s.hq + 2 * s.hk) * s.d, half = s.d / 2;
+  std::mt19937_64 rng(7);
+  std::vector<__nv_bfloat16> qkv(static_cast<size_t>(tokens) * row);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  for (auto& x : qkv) x = __float2bfloat16(u(rng));
+  std::vector<int64_t> pos(3 * tokens);
+  for (auto& x : pos) x = static_cast<int64_t>(rng() % kCacheRows);
+  Set set;
+  CK(cudaMalloc(&set.qkv, qkv.size() * 2));
+  CK(cudaMalloc(&set.pos, pos.size() * 8));
+  CK(cudaMemcpy(set.qkv, qkv.data(), qkv.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(set.pos, pos.data(), pos.size() * 8, cudaMemcpyHostToDevice));
+  const int err = launch_mrope_rotary_embedding(params(s, set, d_cache, tokens), mrope_params(s, tokens), nullptr, 0);
+  if (err != 0) {
+    printf("launch failed: %s\n", cudaGetErrorString(static_cast<cudaError_t>(err)));
+    exit(1);
+  }
+  std::vector<__nv_bfloat16> out(qkv.size());
+  CK(cudaMemcpy(out.data(), set.qkv, out.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaFree(set.qkv));
+  CK(cudaFree(set.pos));
+  double worst = 0;
+  for (int t = 0; t < tokens; ++t) {
+    for (int h = 0; h < s.hq + 2 * s.hk; ++h) {
+      const int64_t base = static_cast<int64_t>(t) * row + static_cast<int64_t>(h) * s.d;
+      for (int i = 0; i < half; ++i) {
+        double x = bf(qkv[base + i]), y = bf(qkv[base + i + half]), rx = x, ry = y;
+        if (h < s.hq + s.hk) {
+          const float* r = cache.data() + pos[section_of(s, i) * tokens + t] * s.d;
+          const double c = r[i], sn = r[half + i];
+          rx = x * c - y * sn;
+          ry = y * c + x * sn;
+        }
+        const double ex = std::fabs(bf(out[base + i]) - rx) / std::max(std::fabs(rx), 1.0) / (1.0 / 256);
+        const double ey = std::fabs(bf(out[base + i + half]) - ry) / std::max(std::fabs(ry), 1.0) / (1.0 / 256);
+        worst = std::max(worst, std::max(ex, ey));
+      }
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> token_list = {1, 16, 128, 1024, 8192, 32768};
+  if (argc > 1) {
+    token_list.clear();
+    for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) token_list.push_back(atoi(t));
+  }
+  const Shape shapes[] = {
+      {"qwen2.5-vl-7b", 28, 4, 128, {16, 24, 24}, false},
+      {"qwen3-vl-8b", 32, 8, 128, {24, 20, 20}, true},
+  };
+  int l2 = 0;
+  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s, L2 %d MiB\n", prop.name, l2 >> 20);
+
+  const int d = 128, half = d / 2;
+  std::vector<float> cache(kCacheRows * d);
+  for (int64_t r = 0; r < kCacheRows; ++r) {
+    for (int i = 0; i < half; ++i) {
+      const double ang = r * std::pow(1e6, -2.0 * i / d);
+      cache[r * d + i] = static_cast<float>(std::cos(ang));
+      cache[r * d + half + i] = static_cast<float>(std::sin(ang));
+    }
+  }
+  float* d_cache;
+  CK(cudaMalloc(&d_cache, cache.size() * 4));
+  CK(cudaMemcpy(d_cache, cache.data(), cache.size() * 4, cudaMemcpyHostToDevice));
+
+  for (const Shape& s : shapes) printf("%s: worst error %.3f bf16 ulps of the result\n", s.name, check(s, cache, d_cache));
+
+  printf("%-14s %7s %10s %10s %10s %11s %12s\n", "shape", "tokens", "mrope us", "plain us", "mrope/plain",
+         "same-rows us", "same/plain");
+  for (const Shape& s : shapes) {
+    const int64_t row = static_cast<int64_t>(s.hq + 2 * s.hk) * s.d;
+    for (int tokens : token_list) {
+      const int64_t set_bytes = tokens * row * 2 + 3 * tokens * 8;
+      const int n_sets = static_cast<int>(std::max<int64_t>(1, 5 * static_cast<int64_t>(l2) / 2 / set_bytes + 1));
+      // One allocation each for all sets' qkv and positions, filled on the device.
+      __nv_bfloat16* qkv_all;
+      int64_t *pos_all, *same_all;
+      const int64_t qkv_n = n_sets * tokens * row, pos_n = n_sets * 3 * static_cast<int64_t>(tokens);
+      CK(cudaMalloc(&qkv_all, qkv_n * 2));
+      CK(cudaMalloc(&pos_all, pos_n * 8));
+      CK(cudaMalloc(&same_all, pos_n * 8));
+      fill_bf16<<<1024, 256>>>(qkv_all, qkv_n, tokens);
+      fill_pos<<<1024, 256>>>(pos_all, pos_n, kCacheRows, tokens + 1);
+      CK(cudaGetLastError());
+      std::vector<Set> sets(n_sets), same(n_sets);
+      for (int k = 0; k < n_sets; ++k) {
+        sets[k] = {qkv_all + k * tokens * row, pos_all + k * 3 * static_cast<int64_t>(tokens)};
+        same[k] = {sets[k].qkv, same_all + k * 3 * static_cast<int64_t>(tokens)};
+        for (int r = 0; r < 3; ++r) {
+          CK(cudaMemcpyAsync(same[k].pos + r * tokens, sets[k].pos, tokens * 8, cudaMemcpyDeviceToDevice));
+        }
+      }
+      CK(cudaDeviceSynchronize());
+      const MropeParams m = mrope_params(s, tokens);
+      auto mrope = [&](std::vector<Set>& v) {
+        return time_graph(n_sets, [&](int i, cudaStream_t st) {
+          CK(static_cast<cudaError_t>(launch_mrope_rotary_embedding(params(s, v[i], d_cache, tokens), m, st, 0)));
+        });
+      };
+      const float t_mrope = mrope(sets);
+      const float t_plain = time_graph(n_sets, [&](int i, cudaStream_t st) {
+        CK(static_cast<cudaError_t>(launch_rotary_embedding(params(s, sets[i], d_cache, tokens), st, 0)));
+      });
+      const float t_same = mrope(same);
+      printf("%-14s %7d %10.2f %10.2f %10.2f %11.2f %12.2f\n", s.name, tokens, t_mrope, t_plain, t_mrope / t_plain,
+             t_same, t_same / t_plain);
+      fflush(stdout);
+      CK(cudaFree(qkv_all));
+      CK(cudaFree(pos_all));
+      CK(cudaFree(same_all));
+    }
+  }
+  return 0;
+}
