@@ -116,8 +116,12 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
         const float q = f[i] * inv;
         // copysignf keeps the sign of a zero quotient (-0 / s is -0; the correction adds +0).
         // A NaN keeps its own sign (the product's NaN is the device's canonical one), so the
-        // store agrees bit for bit with the CPU kernel and with torch on the CPU.
-        f[i] = isfinite(q) ? copysignf(__fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q), q) : (isnan(f[i]) ? f[i] : q);
+        // store agrees bit for bit with the CPU kernel and with torch on the CPU. Written as
+        // selects on comparisons: isfinite/isnan compiled to a branch per element, which made a
+        // scaled store of a decode-sized call 0.3-0.4 us slower than an unscaled one.
+        const float corrected = copysignf(__fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q), q);
+        const float special = f[i] != f[i] ? f[i] : q;  // NaN input: itself; else the inf or NaN product
+        f[i] = fabsf(q) < INFINITY ? corrected : special;
       } else {
         f[i] = f[i] / scale;
       }
