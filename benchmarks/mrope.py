@@ -10,8 +10,10 @@ Columns:
   plain        rope_compat.rotary_embedding on the temporal row, same q/k, float32 cache:
                the target is ours <= 1.1x plain
   vllm-fwd     vLLM's MRotaryEmbedding.forward_cuda path: cache[positions] gather, chunk, then
-               its Triton kernel triton_mrope (bf16 cache, as vLLM matches it to q's dtype)
-  vllm-kernel  triton_mrope alone on cos/sin gathered beforehand (kernel time only)
+               its Triton kernel triton_mrope (bf16 cache, as vLLM matches it to q's dtype) on
+               the same strided q/k (which newer vLLM's launcher copies to contiguous ones)
+  vllm-kernel  triton_mrope alone on cos/sin gathered beforehand and contiguous q/k (kernel
+               time only)
 vLLM's kernel is loaded from its own source file, `mrope.py` of vllm/model_executor/layers/
 rotary_embedding, found in --peer-dir (kept out of this repository); only the few vLLM names
 it imports are stubbed, since vLLM need not be installed. Without it (or if it fails to
@@ -79,6 +81,13 @@ def load_vllm_mrope(peer_dir: str):
         "vllm": module("vllm"),
         "vllm.platforms": module("vllm.platforms", current_platform=_Platform()),
         "vllm.triton_utils": module("vllm.triton_utils", tl=tl, triton=triton),
+        # the same names where newer vLLM keeps them
+        "vllm.backends": module("vllm.backends"),
+        "vllm.backends.platform": module("vllm.backends.platform", current_platform=_Platform()),
+        "vllm.backends.compute": module("vllm.backends.compute"),
+        "vllm.backends.compute.dsl": module("vllm.backends.compute.dsl"),
+        "vllm.backends.compute.dsl.triton_utils": module("vllm.backends.compute.dsl.triton_utils", tl=tl,
+                                                         triton=triton),
         "vllm.utils": module("vllm.utils"),
         "vllm.utils.torch_utils": module("vllm.utils.torch_utils", direct_register_custom_op=lambda **kw: None),
         "vllm.model_executor": module("vllm.model_executor"),
@@ -120,14 +129,16 @@ class InputSet:
         self.peer = peer
 
     def gather(self, cache_bf16: torch.Tensor) -> None:
-        """cos/sin [3, T, rot_dim / 2] for the kernel-only column, as vLLM's forward makes them."""
+        """What the kernel-only column starts from: cos/sin [3, T, rot_dim / 2] as vLLM's forward
+        makes them, and contiguous copies of q and k (vLLM's launcher copies strided ones first)."""
         cos, sin = cache_bf16[self.positions].chunk(2, dim=-1)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.qc, self.kc = self.q.contiguous(), self.k.contiguous()
 
 
 def bytes_per_set(tokens: int, heads: int, kv_heads: int, head: int, peer: bool) -> int:
     qkv = tokens * (heads + 2 * kv_heads) * head * 2
-    extra = 2 * 3 * tokens * (head // 2) * 2 if peer else 0
+    extra = (2 * 3 * tokens * (head // 2) * 2 + tokens * (heads + kv_heads) * head * 2) if peer else 0
     return qkv + 3 * tokens * 8 + extra
 
 
@@ -164,7 +175,7 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
 
             impls["vllm-fwd"] = vllm_fwd
             impls["vllm-kernel"] = lambda i: peer.triton_mrope(
-                sets[i].q, sets[i].k, sets[i].cos, sets[i].sin, sections, head, rot, interleaved, True)
+                sets[i].qc, sets[i].kc, sets[i].cos, sets[i].sin, sections, head, rot, interleaved, True)
         row = {"shape": name, "tokens": tokens, "sets": n_sets}
         for impl, step in impls.items():
             try:
@@ -191,12 +202,13 @@ def check_against_peer(peer, name: str) -> str:
                                  torch.bfloat16).cos_sin_cache.cuda().to(torch.bfloat16)
     s = InputSet(257, heads, kv_heads, head, torch.Generator().manual_seed(0), True)
     s.gather(cache)
-    q0, k0 = s.q.clone(), s.k.clone()
+    q0 = s.q.clone()
     q1, k1 = s.q.clone(), s.k.clone()
     rope_compat.mrope_rotary_embedding(s.positions, q1, k1, head, cache, True, sections, interleaved)
-    peer.triton_mrope(s.q, s.k, s.cos, s.sin, sections, head, head, interleaved, True)
+    # vLLM's launcher rotates in place or returns rotated copies (of strided q/k): take what it returns.
+    q2, k2 = peer.triton_mrope(s.qc, s.kc, s.cos, s.sin, sections, head, head, interleaved, True)
     changed = float((q1.float() - q0.float()).abs().max())
-    diff = max(float((q1.float() - s.q.float()).abs().max()), float((k1.float() - s.k.float()).abs().max()))
+    diff = max(float((q1.float() - q2.float()).abs().max()), float((k1.float() - k2.float()).abs().max()))
     return f"{name}: max |ours - vLLM kernel| = {diff:.4g} (rotation moves values by up to {changed:.3g})"
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce the README's GPU figures: environment, correctness, the timing table, the plot and
-# the precision table.
+# Reproduce the README's GPU figures: environment, correctness, the timing table, the plot, the
+# fused KV-store, MRoPE and SGLang host-time benchmarks, and the precision table.
 # Usage: benchmarks/run_gpu.sh [OUTPUT_DIR]   (a CUDA device; matplotlib for the plot)
 # BENCH_TOKENS overrides the token counts (default: the README's).
 set -euo pipefail
@@ -33,6 +33,13 @@ fi
 # it from its own source (see benchmarks/README.md); without it, beside our own floors only.
 "$python" "$here/fused_kv_store.py" ${PEER_DIR:+--peer-dir "$PEER_DIR/sgl_kernel"} > "$out/fused_kv_store.md" || status=1
 sed -n '/^| shape | tokens | fused us/,$p' "$out/fused_kv_store.md"
+# MRoPE beside the plain op and vLLM's Triton MRoPE kernel (its own mrope.py in
+# PEER_DIR/vllm_mrope); without it, beside the plain op only.
+"$python" "$here/mrope.py" ${PEER_DIR:+--peer-dir "$PEER_DIR/vllm_mrope"} > "$out/mrope.txt" || status=1
+sed -n '/^shape /,$p' "$out/mrope.txt"
+# Host time of SGLang's current call through patch_sglang() over the direct call.
+"$python" "$here/sglang_host_overhead.py" --profile > "$out/sglang_host_overhead.txt" || status=1
+tail -n 2 "$out/sglang_host_overhead.txt"
 # Relative error against float64 at positions up to 1,000,000, f32 and bf16 caches.
 "$python" "$here/precision.py" --device cuda > "$out/precision.md" || status=1
 tail -n 7 "$out/precision.md"
