@@ -5,8 +5,9 @@
 // of real angles, random int64 positions [3, T] with three different rows, CUDA-graph replays
 // over input sets that together exceed 2.5x the L2) it prints the MRoPE kernel's time, the
 // plain kernel's on the temporal row, and their ratio; also the MRoPE kernel with the three
-// rows equal (a text token, where the three rows are one). Before timing, each MRoPE kernel is
-// checked at 1000 tokens against a float64 reference on the host (pass-through dims included).
+// rows equal (a text token, where the three rows are one). Before timing, the MRoPE kernel is
+// checked against a float64 reference on the host at 1000 tokens (one head per thread) and
+// 12000 tokens (several heads per thread).
 //
 // Build and run from the repository root on a CUDA machine (no torch needed); both kernels are
 // linked from their own source files, as the extension links them:
@@ -99,8 +100,8 @@ float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // Largest error of the MRoPE kernel against a float64 reference, in units of bf16 rounding of
 // the result (|err| / max(|ref|, 1) / 2^-8); pass-through or out-of-rotation changes count as huge.
-double check(const Shape& s, const std::vector<float>& cache, const float* d_cache) {
-  const int tokens = 1000, row = (s.hq + 2 * s.hk) * s.d, half = s.d / 2;
+double check(const Shape& s, const std::vector<float>& cache, const float* d_cache, int tokens) {
+  const int row = (s.hq + 2 * s.hk) * s.d, half = s.d / 2;
   std::mt19937_64 rng(7);
   std::vector<__nv_bfloat16> qkv(static_cast<size_t>(tokens) * row);
   std::uniform_real_distribution<float> u(-2.f, 2.f);
@@ -173,7 +174,12 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&d_cache, cache.size() * 4));
   CK(cudaMemcpy(d_cache, cache.data(), cache.size() * 4, cudaMemcpyHostToDevice));
 
-  for (const Shape& s : shapes) printf("%s: worst error %.3f bf16 ulps of the result\n", s.name, check(s, cache, d_cache));
+  for (const Shape& s : shapes) {
+    for (int tokens : {1000, 12000}) {
+      printf("%s, %d tokens: worst error %.3f bf16 ulps of the result\n", s.name, tokens,
+             check(s, cache, d_cache, tokens));
+    }
+  }
 
   printf("%-14s %7s %10s %10s %10s %11s %12s\n", "shape", "tokens", "mrope us", "plain us", "mrope/plain",
          "same-rows us", "same/plain");
