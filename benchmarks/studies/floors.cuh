@@ -1,10 +1,12 @@
 // Shared by the standalone benchmarks of studies/ (kernel_floors.cu, partial_floor.cu,
 // decode_floor.cu, mrope_vs_plain.cu, fused_floor.cu): the CUDA error check, the graph timing
 // they all report, the check that an in-place test pass flipped exactly the bytes it should,
-// and a launch that copies the kernel's own (csrc/kernel_common.cuh, launch_pdl), so that the
-// floors are launched as the kernel is without reaching into its source.
+// a launch that copies the kernel's own (csrc/kernel_common.cuh, launch_pdl), so that the
+// floors are launched as the kernel is without reaching into its source, and the kernels that
+// fill inputs on the device.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -127,4 +129,23 @@ cudaError_t launch_dependent(void (*kernel)(Params...), int64_t threads, cudaStr
   config.attrs = attribute;
   config.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+// Inputs filled on the device (a hash of the index and a seed): values in [-1, 1], indices in
+// [0, rows).
+__device__ __forceinline__ uint64_t mix(uint64_t x) {
+  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+  return x;
+}
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = __float2bfloat16((float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f);
+}
+__global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = (float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f;
+}
+__global__ void fill_pos(int64_t* p, int64_t n, int64_t rows, uint64_t seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = (int64_t)(mix(i * 2654435761ULL + seed) % rows);
 }

@@ -25,6 +25,7 @@
 #include "fused_kv_store.h"
 #include "rotary_embedding.h"
 #include "floors.cuh"
+#include "qkv_params.h"
 
 #include <cuda_bf16.h>
 
@@ -39,23 +40,6 @@ using namespace rope_compat;
 namespace {
 
 constexpr int64_t kCacheRows = 131072;
-
-__device__ __forceinline__ uint64_t mix(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
-  return x;
-}
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = __float2bfloat16((float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f);
-}
-__global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = (float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f;
-}
-__global__ void fill_idx(int64_t* p, int64_t n, int64_t rows, uint64_t seed, bool sorted) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = sorted ? i % rows : (int64_t)(mix(i * 2654435761ULL + seed) % rows);
-}
 
 // The fused call's bytes, moved as it moves them (see the header).
 __global__ void pattern(int4* qkv, const int64_t* loc, int4* kbuf, int4* vbuf, int tokens, int hq, int hk,
@@ -142,8 +126,8 @@ int main(int argc, char** argv) {
       fill_bf16<<<1024, 256>>>(kbuf, rows * kv, 2);
       fill_bf16<<<1024, 256>>>(vbuf, rows * kv, 4);
       fill_bf16<<<1024, 256>>>(flat, n_flat, 5);
-      fill_idx<<<1024, 256>>>(pos, n_tok, kCacheRows, 6, false);
-      fill_idx<<<1024, 256>>>(loc, n_tok, rows, 7, false);
+      fill_pos<<<1024, 256>>>(pos, n_tok, kCacheRows, 6);
+      fill_pos<<<1024, 256>>>(loc, n_tok, rows, 7);
       CK(cudaGetLastError());
       // Sorted rows: each set's tokens write rows t of a set-specific window (as a prefill would).
       std::vector<int64_t> srt(n_tok);
@@ -152,26 +136,8 @@ int main(int argc, char** argv) {
       CK(cudaDeviceSynchronize());
 
       auto rotary_params = [&](int i) {
-        RotaryParams p{};
-        __nv_bfloat16* base = qkv + i * tokens * row;
-        p.positions = pos + static_cast<int64_t>(i) * tokens;
-        p.query = base;
-        p.key = base + s.hq * s.d;
-        p.cache = cache;
-        p.q_batch_stride = p.k_batch_stride = row * tokens;
-        p.q_token_stride = p.k_token_stride = row;
-        p.q_head_stride = p.k_head_stride = s.d;
-        p.cache_rows = kCacheRows;
-        p.cache_row_stride = 128;
-        p.num_tokens = p.seq_len = tokens;
-        p.num_heads = s.hq;
-        p.num_kv_heads = s.hk;
-        p.rot_dim = s.d;
-        p.dtype = DType::kBFloat16;
-        p.cache_dtype = DType::kFloat32;
-        p.positions_int64 = true;
-        p.is_neox = true;
-        return p;
+        return fused_qkv_params(qkv + i * tokens * row, pos + static_cast<int64_t>(i) * tokens, cache, kCacheRows,
+                                tokens, s.hq, s.hk, s.d, s.d, true);
       };
       auto fused_into = [&](void* kb, void* vb, BufferDType bt, float ks = 1.f, float vs = 1.f) {
         return [&, kb, vb, bt, ks, vs](int i, cudaStream_t st) {

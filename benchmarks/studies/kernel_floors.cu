@@ -45,6 +45,7 @@
 // dependent launch. To time a variant of the kernel, link its .cu file instead.
 #include "rotary_embedding.h"
 #include "floors.cuh"
+#include "qkv_params.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -178,23 +179,6 @@ __global__ void evict_read(const int4* p, int64_t n16, int* sink) {
   if (acc == 0x7fffffff) *sink = acc;  // a use of the loads that never stores in practice
 }
 
-__device__ __forceinline__ uint64_t mix(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
-  return x;
-}
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = __float2bfloat16((float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f);
-}
-__global__ void fill_f32(float* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = (float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f;
-}
-__global__ void fill_pos(int64_t* p, int64_t n, int64_t rows, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = (int64_t)(mix(i * 2654435761ULL + seed) % rows);
-}
-
 int main(int argc, char** argv) {
   std::vector<int> token_list = {1, 16, 128, 1024, 8192, 32768, 131072};
   if (argc > 1) {
@@ -258,26 +242,7 @@ int main(int argc, char** argv) {
         for (auto* p : contig) cudaFree(p);
       };
       auto params = [&](int i) {
-        RotaryParams p{};
-        p.positions = pos[i];
-        p.cache_offsets = nullptr;
-        p.query = qkv[i % n_qkv];
-        p.key = qkv[i % n_qkv] + (int64_t)sh.hq * sh.d;
-        p.cache = cache;
-        p.q_token_stride = p.k_token_stride = row_elems;
-        p.q_head_stride = p.k_head_stride = sh.d;
-        p.cache_rows = rows;
-        p.cache_row_stride = sh.rot;
-        p.num_tokens = T;
-        p.seq_len = T;
-        p.num_heads = sh.hq;
-        p.num_kv_heads = sh.hk;
-        p.rot_dim = sh.rot;
-        p.dtype = DType::kBFloat16;
-        p.cache_dtype = DType::kFloat32;
-        p.positions_int64 = true;
-        p.is_neox = sh.neox;
-        return p;
+        return fused_qkv_params(qkv[i % n_qkv], pos[i], cache, rows, T, sh.hq, sh.hk, sh.d, sh.rot, sh.neox);
       };
       if (T == 1024 || T == 8192) {  // correctness against a CPU float reference
         std::vector<__nv_bfloat16> before(qkv_elems), after(qkv_elems);

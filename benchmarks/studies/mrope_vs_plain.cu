@@ -18,6 +18,7 @@
 #include "mrope.h"
 #include "rotary_embedding.h"
 #include "floors.cuh"
+#include "qkv_params.h"
 
 #include <cuda_bf16.h>
 
@@ -53,26 +54,7 @@ struct Set {
 };
 
 RotaryParams params(const Shape& s, const Set& set, const float* cache, int tokens) {
-  RotaryParams p{};
-  const int64_t row = static_cast<int64_t>(s.hq + 2 * s.hk) * s.d;
-  p.positions = set.pos;
-  p.query = set.qkv;
-  p.key = set.qkv + static_cast<int64_t>(s.hq) * s.d;
-  p.cache = cache;
-  p.q_batch_stride = p.k_batch_stride = row * tokens;
-  p.q_token_stride = p.k_token_stride = row;
-  p.q_head_stride = p.k_head_stride = s.d;
-  p.cache_rows = kCacheRows;
-  p.cache_row_stride = s.d;
-  p.num_tokens = p.seq_len = tokens;
-  p.num_heads = s.hq;
-  p.num_kv_heads = s.hk;
-  p.rot_dim = s.d;
-  p.dtype = DType::kBFloat16;
-  p.cache_dtype = DType::kFloat32;
-  p.positions_int64 = true;
-  p.is_neox = true;
-  return p;
+  return fused_qkv_params(set.qkv, set.pos, cache, kCacheRows, tokens, s.hq, s.hk, s.d, s.d, true);
 }
 
 MropeParams mrope_params(const Shape& s, int tokens) {
@@ -81,19 +63,6 @@ MropeParams mrope_params(const Shape& s, int tokens) {
   for (int i = 0; i < 3; ++i) m.section[i] = s.section[i];
   m.interleaved = s.interleaved;
   return m;
-}
-
-__device__ __forceinline__ uint64_t mix(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
-  return x;
-}
-__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = __float2bfloat16((float)(mix(i * 2654435761ULL + seed) % 2001) / 1000.f - 1.f);
-}
-__global__ void fill_pos(int64_t* p, int64_t n, int64_t rows, uint64_t seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = (int64_t)(mix(i * 2654435761ULL + seed) % rows);
 }
 
 float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
