@@ -87,11 +87,7 @@ void launch(void (*kernel)(Params...), int threads, int block, bool with_pdl, cu
 }
 
 int main(int argc, char** argv) {
-  std::vector<int> token_list = {1, 8, 16};
-  if (argc > 1) {
-    token_list.clear();
-    for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) token_list.push_back(atoi(t));
-  }
+  const std::vector<int> token_list = token_counts(argc, argv, {1, 8, 16});
   struct Shape {
     const char* name;
     int hq, hk, d, rot;

@@ -131,6 +131,14 @@ cudaError_t launch_dependent(void (*kernel)(Params...), int64_t threads, cudaStr
   return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
+// Token counts from argv[1] ("1,16,128"), else `defaults`.
+inline std::vector<int> token_counts(int argc, char** argv, std::vector<int> defaults) {
+  if (argc <= 1) return defaults;
+  std::vector<int> out;
+  for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) out.push_back(atoi(t));
+  return out;
+}
+
 // Inputs filled on the device (a hash of the index and a seed): values in [-1, 1], indices in
 // [0, rows).
 __device__ __forceinline__ uint64_t mix(uint64_t x) {

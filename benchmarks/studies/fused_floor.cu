@@ -80,11 +80,7 @@ struct Shape {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> token_list = {1, 16, 128, 1024, 8192, 32768};
-  if (argc > 1) {
-    token_list.clear();
-    for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) token_list.push_back(atoi(t));
-  }
+  const std::vector<int> token_list = token_counts(argc, argv, {1, 16, 128, 1024, 8192, 32768});
   const Shape shapes[] = {{"32/8x128", 32, 8, 128}, {"64/8x128", 64, 8, 128}};
   int l2 = 0;
   CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));

@@ -180,11 +180,7 @@ __global__ void evict_read(const int4* p, int64_t n16, int* sink) {
 }
 
 int main(int argc, char** argv) {
-  std::vector<int> token_list = {1, 16, 128, 1024, 8192, 32768, 131072};
-  if (argc > 1) {
-    token_list.clear();
-    for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) token_list.push_back(atoi(t));
-  }
+  const std::vector<int> token_list = token_counts(argc, argv, {1, 16, 128, 1024, 8192, 32768, 131072});
   const char* only = argc > 2 && strcmp(argv[2], "all") ? argv[2] : nullptr;
   const int floors = argc > 3 ? atoi(argv[3]) : 0;
   const int sets_arg = argc > 4 ? atoi(argv[4]) : 0;

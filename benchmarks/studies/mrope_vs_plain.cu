@@ -115,11 +115,7 @@ double check(const Shape& s, const std::vector<float>& cache, const float* d_cac
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> token_list = {1, 16, 128, 1024, 8192, 32768};
-  if (argc > 1) {
-    token_list.clear();
-    for (char* t = strtok(argv[1], ","); t; t = strtok(nullptr, ",")) token_list.push_back(atoi(t));
-  }
+  const std::vector<int> token_list = token_counts(argc, argv, {1, 16, 128, 1024, 8192, 32768});
   const Shape shapes[] = {
       {"qwen2.5-vl-7b", 28, 4, 128, {16, 24, 24}, false},
       {"qwen3-vl-8b", 32, 8, 128, {24, 20, 20}, true},
