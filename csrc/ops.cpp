@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -200,30 +201,48 @@ PyObject* mrope_set_kv_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs
 }
 
 
-// The public entry point, bound as rope_compat.rotary_embedding when this module loads.
-// A positional call whose tensors are plain CUDA tensors, with no dispatch mode active, goes
-// straight to the launch: no Python frame at all. Every other call (CPU tensors, keywords,
-// fake or other subclass tensors, dispatch modes) goes to the Python implementation set by
-// set_fallback, which routes it through the registered op. torch.compile never runs this
-// function: rope_compat registers that Python implementation as its polyfill for tracing.
+// The public entry points, bound as rope_compat.rotary_embedding and
+// rope_compat.rotary_embedding_set_kv when this module loads. A positional call whose tensors
+// are plain CUDA tensors, with no dispatch mode active, goes straight to the launch: no Python
+// frame at all (at decode sizes a Python frame costs a visible share of the call). Every other
+// call (CPU tensors, keywords, fake or other subclass tensors, dispatch modes) goes to the
+// Python implementation set by set_fallbacks, which routes it through the registered op.
+// torch.compile never runs these functions: rope_compat registers those Python
+// implementations as their polyfills for tracing.
 PyObject* fallback = nullptr;
+PyObject* set_kv_fallback = nullptr;
+
+bool plain_cuda_call(PyObject* const* args, std::initializer_list<int> tensors) {
+  if (!THPVariable_CheckExact(args[1]) || !THPVariable_Unpack(args[1]).is_cuda()) return false;
+  for (const int i : tensors) {
+    if (!THPVariable_CheckExact(args[i])) return false;
+  }
+  return c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+}
 
 PyObject* rotary_embedding(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  bool direct = kwnames == nullptr && nargs >= 6 && nargs <= 8 && THPVariable_CheckExact(args[1]) &&
-                THPVariable_Unpack(args[1]).is_cuda() && THPVariable_CheckExact(args[0]) &&
-                THPVariable_CheckExact(args[4]) && (args[2] == Py_None || THPVariable_CheckExact(args[2])) &&
-                c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+  const bool direct = kwnames == nullptr && nargs >= 6 && nargs <= 8 && plain_cuda_call(args, {0, 4}) &&
+                      (args[2] == Py_None || THPVariable_CheckExact(args[2]));
   if (direct || fallback == nullptr) return launch<run>(self, args, nargs);
   return PyObject_Vectorcall(fallback, args, static_cast<size_t>(nargs), kwnames);
 }
 
-PyObject* set_fallback(PyObject*, PyObject* fn) {
-  if (!PyCallable_Check(fn)) {
-    PyErr_SetString(PyExc_TypeError, "set_fallback: expected a callable");
+PyObject* rotary_embedding_set_kv(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  const bool direct = kwnames == nullptr && nargs >= 10 && nargs <= 13 && plain_cuda_call(args, {0, 2, 4, 6, 7, 8, 9});
+  if (direct || set_kv_fallback == nullptr) return set_kv_launch<run>(self, args, nargs);
+  return PyObject_Vectorcall(set_kv_fallback, args, static_cast<size_t>(nargs), kwnames);
+}
+
+// set_fallbacks(rotary_embedding_fn, rotary_embedding_set_kv_fn)
+PyObject* set_fallbacks(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "set_fallbacks: expected two callables");
     return nullptr;
   }
-  Py_INCREF(fn);
-  Py_XSETREF(fallback, fn);
+  Py_INCREF(args[0]);
+  Py_XSETREF(fallback, args[0]);
+  Py_INCREF(args[1]);
+  Py_XSETREF(set_kv_fallback, args[1]);
   Py_RETURN_NONE;
 }
 
@@ -264,7 +283,17 @@ PyMethodDef methods[] = {
      "mrope_set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value,\n"
      "k_buffer, v_buffer, cache_loc, k_scale=None, v_scale=None, mrope_interleaved=False, rope_dim_offset=0)\n"
      "Multimodal RoPE, then the key and value stored at rows cache_loc of k_buffer/v_buffer, in one launch."},
-    {"set_fallback", set_fallback, METH_O, "set_fallback(fn): where rotary_embedding sends the calls it does not launch."},
+    {"rotary_embedding_set_kv", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(rotary_embedding_set_kv)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "rotary_embedding_set_kv($module, positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, "
+     "v_buffer, cache_loc, k_scale=None, v_scale=None, rope_dim_offset=0)\n--\n\n"
+     "rotary_embedding, then the rotated key and the value stored at rows cache_loc of k_buffer / v_buffer.\n\n"
+     "The compiled entry point of rope_compat.rotary_embedding_set_kv: plain CUDA tensors passed\n"
+     "positionally launch the kernel directly; any other call goes to the Python function\n"
+     "rope_compat.api._python_rotary_embedding_set_kv, whose docstring describes the arguments."},
+    {"set_fallbacks", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_fallbacks)), METH_FASTCALL,
+     "set_fallbacks(rotary_embedding_fn, rotary_embedding_set_kv_fn): where the two entry points send the calls\n"
+     "they do not launch."},
     {"new_entry", new_entry, METH_O, "new_entry(tag): a distinct function object for rotary_embedding, bound to tag."},
     {nullptr, nullptr, 0, nullptr}};
 

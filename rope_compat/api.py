@@ -113,7 +113,7 @@ if _C is not None:
     # same signature: a positional call with plain CUDA tensors launches the kernel with no
     # Python frame at all (the eager host time of a decode step). It hands every other call
     # to the Python function above, and torch.compile traces that function in its place.
-    _C.set_fallback(_python_rotary_embedding)
+    # The fallback of rotary_embedding_set_kv's entry is set with this one (set_fallbacks), below it.
     torch.compiler.substitute_in_graph(_C.rotary_embedding)(_python_rotary_embedding)
     rotary_embedding = _C.rotary_embedding  # type: ignore[assignment]  # noqa: F811
 
@@ -195,6 +195,16 @@ def rotary_embedding_set_kv(
         )
         check_set_kv_types(*args)  # before the dispatcher converts or rejects types by schema
         rotary_embedding_set_kv_op(*args)
+
+
+_python_rotary_embedding_set_kv = rotary_embedding_set_kv
+if _C is not None:
+    # As for rotary_embedding: the public name is the compiled entry point, which launches
+    # positional calls with plain CUDA tensors itself (no Python frame: SGLang's fused call
+    # runs at every layer of every decode step) and hands every other call to the function above.
+    _C.set_fallbacks(_python_rotary_embedding, _python_rotary_embedding_set_kv)
+    torch.compiler.substitute_in_graph(_C.rotary_embedding_set_kv)(_python_rotary_embedding_set_kv)
+    rotary_embedding_set_kv = _C.rotary_embedding_set_kv  # type: ignore[assignment]  # noqa: F811
 
 
 def mrope_rotary_embedding(

@@ -1,6 +1,8 @@
-"""The compiled entry point: `rope_compat.rotary_embedding` is a C function when the extension
-is built. It launches plain positional CUDA calls itself and hands every other call to the
-Python function `api._python_rotary_embedding`; torch.compile traces that function instead.
+"""The compiled entry points: `rope_compat.rotary_embedding` and
+`rope_compat.rotary_embedding_set_kv` are C functions when the extension is built. They launch
+plain positional CUDA calls themselves and hand every other call to the Python functions
+`api._python_rotary_embedding` / `api._python_rotary_embedding_set_kv`; torch.compile traces
+those functions instead.
 
 These tests need the compiled extension (a CUDA build of torch); their ids say `cuda` so the
 GPU check selects them. Without the extension they skip.
@@ -136,6 +138,99 @@ def test_launch_rejects_scalars_it_cannot_convert_cuda(index, value, match):
     assert torch.equal(case.query, before)
 
 
-def test_set_fallback_rejects_a_non_callable_cuda():
-    with pytest.raises(TypeError, match=r"set_fallback: expected a callable"):
-        api._C.set_fallback(3)
+@pytest.mark.parametrize("args", [(3, print), (print,), (print, print, print)])
+def test_set_fallbacks_rejects_anything_but_two_callables_cuda(args):
+    with pytest.raises(TypeError, match=r"set_fallbacks: expected two callables"):
+        api._C.set_fallbacks(*args)
+
+
+# ---- rotary_embedding_set_kv's entry point (the call SGLang's fused KV store makes).
+
+
+def _set_kv_case(device, tokens=11):
+    case = make_case(tokens=(tokens,), heads=4, kv_heads=2, head_size=64, rot_dim=32, rope_dim_offset=16,
+                     dtype=torch.bfloat16, device=device)
+    value = torch.randn(tokens, 2, 64, dtype=torch.bfloat16, device=device)
+    k_buf = torch.randn(3 * tokens, 2, 64, device=device).to(torch.bfloat16)
+    v_buf = torch.randn(3 * tokens, 2, 64, device=device).to(torch.bfloat16)
+    loc = torch.randperm(3 * tokens, device=device)[:tokens]
+    return case, value, k_buf, v_buf, loc
+
+
+def test_set_kv_entry_is_the_compiled_function_cuda():
+    assert rope_compat.rotary_embedding_set_kv is api._C.rotary_embedding_set_kv
+    ours = inspect.signature(rope_compat.rotary_embedding_set_kv)
+    python = inspect.signature(api._python_rotary_embedding_set_kv)
+    assert list(ours.parameters) == list(python.parameters)
+    assert {n: p.default for n, p in ours.parameters.items() if p.default is not p.empty} == {
+        n: p.default for n, p in python.parameters.items() if p.default is not p.empty}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("call", ["positional", "keywords", "scales-by-keyword"])
+def test_set_kv_entry_matches_reference_every_way_it_is_called_cuda(device, call):
+    case, value, k_buf, v_buf, loc = _set_kv_case(device)
+    want_q, want_k = rope_reference(*case.args())
+    k_before, v_before = k_buf.clone(), v_buf.clone()
+    p, q, k, d, cache, neox, off, _ = case.args()
+    f = rope_compat.rotary_embedding_set_kv
+    if call == "positional":
+        f(p, q, k, d, cache, neox, value, k_buf, v_buf, loc, None, 2.0, off)
+    elif call == "keywords":
+        f(positions=p, query=q, key=k, head_size=d, cos_sin_cache=cache, is_neox=neox, value=value, k_buffer=k_buf,
+          v_buffer=v_buf, cache_loc=loc, v_scale=2.0, rope_dim_offset=off)
+    else:
+        f(p, q, k, d, cache, neox, value, k_buf, v_buf, loc, v_scale=2.0, rope_dim_offset=off)
+    assert_matches_reference(q, want_q)
+    assert_matches_reference(k, want_k)
+    stored = torch.zeros(k_buf.shape[0], dtype=torch.bool, device=device)
+    stored[loc] = True
+    assert torch.equal(k_buf[loc].reshape(k.shape), k) and torch.equal(k_buf[~stored], k_before[~stored])
+    assert torch.equal(v_buf[loc], (value.float() / 2.0).to(v_buf.dtype))
+    assert torch.equal(v_buf[~stored], v_before[~stored])
+
+
+@pytest.mark.gpu
+def test_set_kv_entry_hands_fake_tensors_to_the_op_cuda():
+    case, value, k_buf, v_buf, loc = _set_kv_case("cuda")
+    args = (*case.args()[:6], value, k_buf, v_buf, loc)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        rope_compat.rotary_embedding_set_kv(*fake)  # the fake kernel: checks only, no launch
+        with pytest.raises(ValueError, match=r"cache_loc: expected a contiguous tensor of 11"):
+            rope_compat.rotary_embedding_set_kv(*fake[:9], fake[9][:5])
+
+
+@pytest.mark.parametrize("index, value, match", [
+    (0, [0, 1], r"positions: expected a torch.Tensor, got list"),
+    (7, "k", r"k_buffer: expected a torch.Tensor, got str"),
+    (9, None, r"cache_loc: expected a torch.Tensor, got NoneType"),
+    (10, "0.5", r"k_scale: expected a float or None, got str"),
+])
+@pytest.mark.gpu
+def test_set_kv_entry_rejects_wrong_types_by_name_cuda(index, value, match):
+    case, v, k_buf, v_buf, loc = _set_kv_case("cuda")
+    args = [*case.args()[:6], v, k_buf, v_buf, loc, None, None]
+    args[index] = value
+    before = [t.clone() for t in (case.query, case.key, k_buf, v_buf)]
+    with pytest.raises(TypeError, match=match):
+        rope_compat.rotary_embedding_set_kv(*args)
+    for old, new in zip(before, (case.query, case.key, k_buf, v_buf)):
+        assert torch.equal(old, new)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_set_kv_entry_is_traced_without_a_graph_break_cuda(device):
+    case, value, k_buf, v_buf, loc = _set_kv_case(device)
+    want_q, _ = rope_reference(*case.args())
+    p, q, k, d, cache, neox, off, _ = case.args()
+
+    def block(positions, q, k, value, k_buf, v_buf, loc):
+        rope_compat.rotary_embedding_set_kv(positions, q, k, d, cache, neox, value, k_buf, v_buf, loc, None, None, off)
+        return q * 2
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(block)(p, q, k, value, k_buf, v_buf, loc)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert_matches_reference(q, want_q)
+    assert torch.equal(k_buf[loc].reshape(k.shape), k)
