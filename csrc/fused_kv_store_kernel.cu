@@ -153,19 +153,18 @@ __device__ __forceinline__ void load_cs(const RotaryParams& p, int64_t offset, i
   }
 }
 
-// MRoPE: cos and sin of pairs [first, first + V), pair i from the cache row of its section;
-// scalar loads, as the pairs of one vector may come from up to three rows.
+// MRoPE: cos and sin of pairs [first, first + V), pair i from the cache row of its section
+// (MropeCosSin's per-pair loads: the pairs of one vector may come from up to three rows).
 template <typename CT, int V>
 __device__ __forceinline__ void load_cs_mrope_typed(const void* cache, int64_t row_stride, const int64_t (&rows)[3],
                                                     int32_t first, int32_t half, const Sections& sec, float (&c)[V],
                                                     float (&sn)[V]) {
-  const CT* base = static_cast<const CT*>(cache);
+  MropeCosSin<CT, V, true> cs;
+  cs.load(static_cast<const CT*>(cache), row_stride, rows, first, half, sec);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
-    const int sid = section_of(sec, first + i);
-    const CT* row = base + (sid == 0 ? rows[0] : sid == 1 ? rows[1] : rows[2]) * row_stride + first + i;
-    c[i] = to_float(row[0]);
-    sn[i] = to_float(row[half]);
+    c[i] = cs.cos(i);
+    sn[i] = cs.sin(i);
   }
 }
 

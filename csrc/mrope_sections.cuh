@@ -1,10 +1,12 @@
-// Which position row (temporal, height, width) drives rotated pair i of multimodal RoPE: device
-// code shared by the MRoPE kernel (mrope_kernel.cu) and the MRoPE variant of the fused KV-store
-// kernel (fused_kv_store_kernel.cu). The rules are ops/mrope.py's.
+// Which position row (temporal, height, width) drives rotated pair i of multimodal RoPE, and
+// the loads of each pair's cos/sin from its row: device code shared by the MRoPE kernel
+// (mrope_kernel.cu) and the MRoPE variant of the fused KV-store kernel
+// (fused_kv_store_kernel.cu). The rules are ops/mrope.py's.
 #pragma once
 
 #include <cstdint>
 
+#include "kernel_common.cuh"
 #include "mrope.h"
 
 namespace rope_compat {
@@ -33,4 +35,56 @@ __device__ __forceinline__ int section_of(const Sections& s, int32_t i) {
   return (r == 1 && i < s.h_lim) ? 1 : (r == 2 && i < s.w_lim) ? 2 : 0;
 }
 
+namespace detail {
+
+// The cos/sin of pairs [first, first + N) of a token, loaded before anything uses them: they
+// are converted to float (cos(k), sin(k)) only after the thread has issued its q/k loads, so
+// that no load waits for another (see the plain kernel's load order).
+//   kGather false, one row: every vector of the call lies in one section (contiguous layout,
+// section boundaries multiples of the vector), so the thread picks its row and loads two
+// vectors from it, as the plain kernel does.
+//   kGather true, one row per pair (interleaved layout, or boundaries inside a vector): each
+// pair is a scalar load from the row of its section, the row picked before the load rather
+// than the value after it. Loading the vector of every row a pair needs and selecting in
+// registers took three rows' worth of registers (spills in the several-heads kernels) and
+// made the selection wait for all of them.
+template <typename CT, int N, bool kGather>
+struct MropeCosSin;
+
+template <typename CT, int N>
+struct MropeCosSin<CT, N, false> {
+  Stored<CT, N> c, s;
+  __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
+                                       int32_t first, int32_t half, const Sections& sec) {
+    const int sid = section_of(sec, first);
+    const CT* r = cache + (sid == 0 ? rows[0] : sid == 1 ? rows[1] : rows[2]) * row_stride + first;
+    c = *reinterpret_cast<const Stored<CT, N>*>(r);
+    s = *reinterpret_cast<const Stored<CT, N>*>(r + half);
+  }
+  __device__ __forceinline__ float cos(int k) const { return c.get(k); }
+  __device__ __forceinline__ float sin(int k) const { return s.get(k); }
+};
+
+template <typename CT, int N>
+struct MropeCosSin<CT, N, true> {
+  CT c[N], s[N];
+  __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
+                                       int32_t first, int32_t half, const Sections& sec) {
+    // Pair first + k sits k elements past `first` in its row: an immediate offset of each load.
+    const CT* base[3];
+#pragma unroll
+    for (int r = 0; r < 3; ++r) base[r] = cache + rows[r] * row_stride + first;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int sid = section_of(sec, first + k);
+      const CT* r = sid == 0 ? base[0] : sid == 1 ? base[1] : base[2];
+      c[k] = r[k];
+      s[k] = r[half + k];
+    }
+  }
+  __device__ __forceinline__ float cos(int k) const { return to_float(c[k]); }
+  __device__ __forceinline__ float sin(int k) const { return to_float(s[k]); }
+};
+
+}  // namespace detail
 }  // namespace rope_compat
