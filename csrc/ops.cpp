@@ -233,6 +233,65 @@ PyObject* rotary_embedding_set_kv(PyObject* self, PyObject* const* args, Py_ssiz
   return PyObject_Vectorcall(set_kv_fallback, args, static_cast<size_t>(nargs), kwnames);
 }
 
+// A new reference (or nullptr) released at the end of its scope.
+struct Ref {
+  PyObject* p = nullptr;
+  ~Ref() { Py_XDECREF(p); }
+};
+
+// getattr(o, name, None) without raising: 1 found, 0 absent, -1 error (set).
+int optional_attr(PyObject* o, PyObject* name, PyObject** out) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyObject_GetOptionalAttr(o, name, out);
+#else
+  return _PyObject_LookupAttr(o, name, out);
+#endif
+}
+
+// rope_and_store(arg, positions, query, key, head_size, cos_sin_cache, is_neox): the compiled
+// form of rope_compat.compat.sgl.rope_and_store (its docstring has the rules). It reads the
+// arg's fields here, in the order the Python function reads them, and hands the call to
+// rotary_embedding_set_kv's entry point, which launches plain CUDA calls itself and sends the
+// rest to the Python op. SGLang's fused call reads these fields at every layer of every decode
+// step; read in Python (two getattr calls with a default, four attribute loads) they cost about
+// as much host time as the SGLang wrapper's whole frame.
+PyObject* rope_and_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_Format(PyExc_TypeError, "rope_and_store: expected 7 positional arguments, got %zd", nargs);
+    return nullptr;
+  }
+  if (args[3] == Py_None) {
+    PyErr_SetString(PyExc_ValueError, "key: required when fused_set_kv_buffer_arg is given");
+    return nullptr;
+  }
+  static PyObject* names[6] = {
+      PyUnicode_InternFromString("k_scale"),  PyUnicode_InternFromString("v_scale"),
+      PyUnicode_InternFromString("value"),    PyUnicode_InternFromString("k_buffer"),
+      PyUnicode_InternFromString("v_buffer"), PyUnicode_InternFromString("cache_loc")};
+  for (PyObject* n : names) {
+    if (n == nullptr) return PyErr_Occurred() ? nullptr : PyErr_NoMemory();  // interning failed
+  }
+  Ref scale[2], field[4];
+  for (int i = 0; i < 2; ++i) {
+    if (optional_attr(args[0], names[i], &scale[i].p) < 0) return nullptr;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if ((field[i].p = PyObject_GetAttr(args[0], names[2 + i])) == nullptr) return nullptr;
+  }
+  // float(scale), as the Python function converts it (a one-element tensor syncs the host).
+  for (Ref& r : scale) {
+    if (r.p != nullptr && r.p != Py_None) {
+      PyObject* f = PyNumber_Float(r.p);
+      if (f == nullptr) return nullptr;
+      Py_SETREF(r.p, f);
+    }
+  }
+  PyObject* const call[12] = {args[1], args[2], args[3], args[4], args[5], args[6], field[0].p, field[1].p,
+                              field[2].p, field[3].p, scale[0].p ? scale[0].p : Py_None,
+                              scale[1].p ? scale[1].p : Py_None};
+  return rotary_embedding_set_kv(self, call, 12, nullptr);
+}
+
 // set_fallbacks(rotary_embedding_fn, rotary_embedding_set_kv_fn)
 PyObject* set_fallbacks(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
@@ -291,6 +350,10 @@ PyMethodDef methods[] = {
      "The compiled entry point of rope_compat.rotary_embedding_set_kv: plain CUDA tensors passed\n"
      "positionally launch the kernel directly; any other call goes to the Python function\n"
      "rope_compat.api._python_rotary_embedding_set_kv, whose docstring describes the arguments."},
+    {"rope_and_store", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(rope_and_store)), METH_FASTCALL,
+     "rope_and_store($module, arg, positions, query, key, head_size, cos_sin_cache, is_neox, /)\n--\n\n"
+     "rotary_embedding_set_kv with value, k_buffer, v_buffer, cache_loc and the optional k_scale, v_scale\n"
+     "read from arg: the compiled form of rope_compat.compat.sgl.rope_and_store."},
     {"set_fallbacks", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_fallbacks)), METH_FASTCALL,
      "set_fallbacks(rotary_embedding_fn, rotary_embedding_set_kv_fn): where the two entry points send the calls\n"
      "they do not launch."},

@@ -50,10 +50,9 @@ __all__ = [
     "FusedSetKVBufferArg",
 ]
 
-# The compiled entry points where the CUDA extension is built (C functions: a positional
-# call with plain CUDA tensors launches the kernel with no Python frame), else the Python ones.
+# The compiled entry point where the CUDA extension is built (a C function: a positional
+# call with plain CUDA tensors launches the kernel with no Python frame), else the Python one.
 _rotary = api.rotary_embedding
-_rotary_set_kv = api.rotary_embedding_set_kv
 
 # (the last cos_sin_cache seen, its size(-1)): the head size of SGLang's views is rope_dim,
 # which is the cache's width. Reading a tensor attribute costs more host time than the rest
@@ -81,26 +80,16 @@ def apply_rope_with_cos_sin_cache_inplace(
     fused_args: Optional[FusedSetKVBufferArg] = None,
 ) -> None:
     """Rotate q and k in place; with `fused_args`, also store the key and value rows."""
-    # The decode-step calls: one Python frame over the op's compiled entry point, no tensor
-    # read. With fused_args this reads the arg's fields itself rather than calling
-    # rope_and_store, which does the same in a frame of its own (a frame is most of the host
-    # time this wrapper adds).
+    # The decode-step calls: one Python frame over a compiled entry point (with fused_args,
+    # rope_and_store's, which reads the arg's fields in C), no tensor read.
     if not rope_dim:
         cache, head = _last_cache
         if cache is not cos_sin_cache:
             head = _head(cos_sin_cache)
         if fused_args is None:
             _rotary(positions, q, k, head, cos_sin_cache, is_neox)
-        elif k is None:
-            rope_and_store(fused_args, positions, q, k, head, cos_sin_cache, is_neox)  # raises
         else:
-            k_scale = getattr(fused_args, "k_scale", None)  # SGLang's 4-field arg has no scales
-            v_scale = getattr(fused_args, "v_scale", None)
-            _rotary_set_kv(
-                positions, q, k, head, cos_sin_cache, is_neox, fused_args.value, fused_args.k_buffer,
-                fused_args.v_buffer, fused_args.cache_loc, None if k_scale is None else float(k_scale),
-                None if v_scale is None else float(v_scale),
-            )
+            rope_and_store(fused_args, positions, q, k, head, cos_sin_cache, is_neox)
         return
     _general(q, k, cos_sin_cache, positions, is_neox, rope_dim, fused_args)
 

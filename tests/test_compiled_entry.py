@@ -9,6 +9,7 @@ GPU check selects them. Without the extension they skip.
 """
 
 import inspect
+import sys
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import rope_compat
 from rope_compat import api
+from rope_compat.compat import sgl
 
 from cases import make_case
 from reference import rope_reference
@@ -147,8 +149,8 @@ def test_set_fallbacks_rejects_anything_but_two_callables_cuda(args):
 # ---- rotary_embedding_set_kv's entry point (the call SGLang's fused KV store makes).
 
 
-def _set_kv_case(device, tokens=11):
-    case = make_case(tokens=(tokens,), heads=4, kv_heads=2, head_size=64, rot_dim=32, rope_dim_offset=16,
+def _set_kv_case(device, tokens=11, offset=16, rot_dim=32):
+    case = make_case(tokens=(tokens,), heads=4, kv_heads=2, head_size=64, rot_dim=rot_dim, rope_dim_offset=offset,
                      dtype=torch.bfloat16, device=device)
     value = torch.randn(tokens, 2, 64, dtype=torch.bfloat16, device=device)
     k_buf = torch.randn(3 * tokens, 2, 64, device=device).to(torch.bfloat16)
@@ -231,6 +233,100 @@ def test_set_kv_entry_is_traced_without_a_graph_break_cuda(device):
 
     torch._dynamo.reset()
     explanation = torch._dynamo.explain(block)(p, q, k, value, k_buf, v_buf, loc)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert_matches_reference(q, want_q)
+    assert torch.equal(k_buf[loc].reshape(k.shape), k)
+
+
+# ---- rope_and_store's compiled form (SGLang's and sgl-kernel's fused call): the arg's fields
+# read in C, then rotary_embedding_set_kv's entry point. Same results and errors as the Python
+# function, on every device; no reference leaked.
+
+STORES = ["python", "compiled"]
+
+
+def _store_fn(which):
+    return sgl._python_rope_and_store if which == "python" else api._C.rope_and_store
+
+
+class _Arg4:  # SGLang's 4-field arg: no k_scale / v_scale attributes at all
+    def __init__(self, value, k_buffer, v_buffer, cache_loc):
+        self.value, self.k_buffer, self.v_buffer, self.cache_loc = value, k_buffer, v_buffer, cache_loc
+
+
+def test_rope_and_store_is_the_compiled_function_cuda():
+    assert sgl.rope_and_store is api._C.rope_and_store
+    assert rope_compat.sglang.rope_and_store is api._C.rope_and_store
+    names = list(inspect.signature(api._C.rope_and_store).parameters)
+    assert names == list(inspect.signature(sgl._python_rope_and_store).parameters)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", STORES)
+@pytest.mark.parametrize("form", ["4-field", "6-field", "int-scale", "tensor-scale"])
+def test_rope_and_store_matches_reference_cuda(device, which, form):
+    case, value, k_buf, v_buf, loc = _set_kv_case(device, offset=0)  # the arg has no offset field
+    want_q, want_k = rope_reference(*case.args())
+    if form == "4-field":
+        arg, scale = _Arg4(value, k_buf, v_buf, loc), 1.0
+    else:
+        v_scale = {"6-field": 2.0, "int-scale": 2, "tensor-scale": torch.tensor(2.0)}[form]
+        arg, scale = rope_compat.FusedSetKVBufferArg(value, k_buf, v_buf, None, v_scale, loc), 2.0
+    q, k = case.query, case.key
+    refs = [sys.getrefcount(t) for t in (arg, value, k_buf, v_buf, loc)]
+    _store_fn(which)(arg, case.positions, q, k, case.head_size, case.cos_sin_cache, case.is_neox)
+    assert [sys.getrefcount(t) for t in (arg, value, k_buf, v_buf, loc)] == refs, "a reference leaked"
+    assert_matches_reference(q, want_q)
+    assert_matches_reference(k, want_k)
+    assert torch.equal(k_buf[loc].reshape(k.shape), k)
+    assert torch.equal(v_buf[loc], (value.float() / scale).to(v_buf.dtype))
+
+
+@pytest.mark.parametrize("which", STORES)
+@pytest.mark.parametrize("bad, exc, match", [
+    ("no-key", ValueError, r"key: required when fused_set_kv_buffer_arg is given"),
+    ("no-cache_loc", AttributeError, r"cache_loc"),
+    ("scale-str", ValueError, r"could not convert string to float"),
+    ("scale-list", TypeError, r"float\(\) argument must be"),
+    ("bad-scale", ValueError, r"k_scale: must be a positive finite float or None, got -1.0"),
+])
+def test_rope_and_store_errors_match_the_python_function_cuda(which, bad, exc, match):
+    case, value, k_buf, v_buf, loc = _set_kv_case("cpu", offset=0)
+    arg = rope_compat.FusedSetKVBufferArg(value, k_buf, v_buf, loc)
+    key = case.key
+    if bad == "no-key":
+        key = None
+    elif bad == "no-cache_loc":
+        arg = _Arg4(value, k_buf, v_buf, loc)
+        del arg.cache_loc
+    else:
+        arg.k_scale = {"scale-str": "x", "scale-list": [1.0], "bad-scale": -1.0}[bad]
+    before = [t.clone() for t in (case.query, case.key, k_buf, v_buf)]
+    with pytest.raises(exc, match=match):
+        _store_fn(which)(arg, case.positions, case.query, key, case.head_size, case.cos_sin_cache, case.is_neox)
+    for old, new in zip(before, (case.query, case.key, k_buf, v_buf)):
+        assert torch.equal(old, new)
+
+
+def test_rope_and_store_counts_its_arguments_cuda():
+    with pytest.raises(TypeError, match=r"rope_and_store: expected 7 positional arguments, got 2"):
+        api._C.rope_and_store(1, 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rope_and_store_is_traced_without_a_graph_break_cuda(device):
+    case, value, k_buf, v_buf, loc = _set_kv_case(device, offset=0, rot_dim=64)  # SGLang's head = rope_dim
+    arg = _Arg4(value, k_buf, v_buf, loc)
+    want_q, _ = rope_reference(*case.args())
+    p, q, k, cache, neox = case.positions, case.query, case.key, case.cos_sin_cache, case.is_neox
+
+    def block(positions, q, k):
+        rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace(q, k, cache, positions, is_neox=neox,
+                                                                 fused_args=arg)
+        return q * 2
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(block)(p, q, k)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert_matches_reference(q, want_q)
     assert torch.equal(k_buf[loc].reshape(k.shape), k)

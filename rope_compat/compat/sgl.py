@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from .. import api
+
 # The public function, not the registered op: on plain eager CUDA tensors it launches the
 # kernel without the dispatcher's round trip (several microseconds of host time per call).
 from ..api import rotary_embedding_set_kv
@@ -99,3 +101,13 @@ def rope_and_store(
         arg.v_buffer, arg.cache_loc, None if k_scale is None else float(k_scale),
         None if v_scale is None else float(v_scale),
     )
+
+
+_python_rope_and_store = rope_and_store
+if api._C is not None:
+    # Where the CUDA extension is built, the name is its compiled form (positional arguments
+    # only): it reads the arg's fields in C and calls rotary_embedding_set_kv's entry point, so
+    # the SGLang call's field reads cost no Python bytecode. torch.compile traces the function
+    # above in its place.
+    torch.compiler.substitute_in_graph(api._C.rope_and_store)(_python_rope_and_store)
+    rope_and_store = api._C.rope_and_store  # type: ignore[assignment]  # noqa: F811
