@@ -113,7 +113,7 @@ if _C is not None:
     # same signature: a positional call with plain CUDA tensors launches the kernel with no
     # Python frame at all (the eager host time of a decode step). It hands every other call
     # to the Python function above, and torch.compile traces that function in its place.
-    # The fallback of rotary_embedding_set_kv's entry is set with this one (set_fallbacks), below it.
+    # Its fallback is set below, together with rotary_embedding_set_kv's (set_fallbacks).
     torch.compiler.substitute_in_graph(_C.rotary_embedding)(_python_rotary_embedding)
     rotary_embedding = _C.rotary_embedding  # type: ignore[assignment]  # noqa: F811
 

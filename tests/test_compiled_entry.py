@@ -2,7 +2,8 @@
 `rope_compat.rotary_embedding_set_kv` are C functions when the extension is built. They launch
 plain positional CUDA calls themselves and hand every other call to the Python functions
 `api._python_rotary_embedding` / `api._python_rotary_embedding_set_kv`; torch.compile traces
-those functions instead.
+those functions instead. `rope_compat.compat.sgl.rope_and_store` (the fused call of SGLang and
+sgl-kernel) is a C function too: it reads the arg's fields and calls the set_kv entry.
 
 These tests need the compiled extension (a CUDA build of torch); their ids say `cuda` so the
 GPU check selects them. Without the extension they skip.
