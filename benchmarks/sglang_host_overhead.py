@@ -20,7 +20,12 @@ and the garbage collector is off while timing (as in timeit). The script also ch
 both paths give bit-identical results and, with --profile, that they launch the same CUDA
 kernels.
 
-    python benchmarks/sglang_host_overhead.py [--tokens 1] [--calls 200] [--rounds 401] [--profile]
+With --no-launch (the compiled extension, no GPU needed) it times the host work alone: CPU
+tensors, and the compiled entry points' fallbacks set to no-ops, so that nothing is checked or
+launched; the figures are the Python and C layers' own cost. That mode also times
+`rope_and_store` (reading the arg's fields) on its own.
+
+    python benchmarks/sglang_host_overhead.py [--tokens 1] [--calls 200] [--rounds 401] [--profile | --no-launch]
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import time
 import torch
 
 import rope_compat
-from rope_compat.compat._bindings import distinct_copy
+from rope_compat.compat._bindings import distinct_copy, runs_code_of
 
 
 def patched_target():
@@ -46,7 +51,7 @@ def patched_target():
         return distinct_copy(rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace), f"no SGLang ({type(e).__name__})"
     rope_compat.patch_sglang()
     fn = sgl_rope.apply_rope_with_cos_sin_cache_inplace
-    assert fn.__code__ is rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace.__code__
+    assert runs_code_of(fn, rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace)
     return fn, "SGLang's module, patched by patch_sglang()"
 
 
@@ -57,13 +62,13 @@ class Arg4:
         self.value, self.k_buffer, self.v_buffer, self.cache_loc = value, k_buffer, v_buffer, cache_loc
 
 
-def per_call_us(fn, calls: int) -> float:
-    torch.cuda.synchronize()
+def per_call_us(fn, calls: int, sync=torch.cuda.synchronize) -> float:
+    sync()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
     t1 = time.perf_counter()
-    torch.cuda.synchronize()
+    sync()
     return (t1 - t0) / calls * 1e6
 
 
@@ -98,9 +103,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=401)
     p.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
     p.add_argument("--profile", action="store_true", help="also compare the launched CUDA kernels")
+    p.add_argument("--no-launch", action="store_true", help="host work only: CPU tensors, no-op fallbacks")
     a = p.parse_args()
-    assert torch.cuda.is_available(), "needs a CUDA device"
-    dev, dt, T, H, K, D = "cuda", torch.bfloat16, a.tokens, a.heads, a.kv_heads, a.head_size
+    if a.no_launch:
+        C = rope_compat.api._C
+        assert C is not None, "--no-launch needs the compiled extension (a CUDA build of torch)"
+        for name in ("rotary_embedding", "rotary_embedding_set_kv"):
+            C.set_fallback(name, lambda *args, **kwargs: None)
+        dev = "cpu"
+    else:
+        assert torch.cuda.is_available(), "needs a CUDA device"
+        dev = "cuda"
+    dt, T, H, K, D = torch.bfloat16, a.tokens, a.heads, a.kv_heads, a.head_size
     target, origin = patched_target()
     print(f"rope-compat {rope_compat.__version__}, CUDA kernel {'built' if rope_compat.has_cuda_kernel() else 'NOT built'}; "
           f"patched target: {origin}; {H}/{K}x{D} bf16, {T} token(s), float32 cache of 131072 rows")
@@ -127,9 +141,14 @@ def main() -> None:
             positions=positions, q=q, k=k, cos_sin_cache=cache, is_neox=True, fused_args=arg),
     }
 
-    # Same results, bit for bit (each pair from the same inputs).
     names = list(variants)
-    for i in (0, 2):
+    if a.no_launch:
+        from rope_compat.compat.sgl import rope_and_store
+
+        variants["rope+KV store: rope_and_store alone"] = lambda: rope_and_store(arg, positions, q, k, D, cache, True)
+        variants["an empty lambda (the loop's own cost)"] = lambda: None
+    # Same results, bit for bit (each pair from the same inputs).
+    for i in () if a.no_launch else (0, 2):
         outs = []
         for name in names[i: i + 2]:
             base = qkv.clone()
@@ -140,33 +159,38 @@ def main() -> None:
             outs.append((qkv.clone(), k_buffer.clone(), v_buffer.clone()))
             qkv.copy_(base)
         assert all(torch.equal(x, y) for x, y in zip(*outs)), f"{names[i]} and {names[i + 1]} differ"
-    print("results: bit-identical between direct and patched calls")
-    if a.profile:
+    if not a.no_launch:
+        print("results: bit-identical between direct and patched calls")
+    if a.profile and not a.no_launch:
         for i in (0, 2):
             ka, kb = kernels(variants[names[i]]), kernels(variants[names[i + 1]])
             print(f"kernels {'same' if ka == kb else 'DIFFER'}: {ka} vs {kb}")
 
     if not a.no_pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # no migration between CPUs
+    sync = (lambda: None) if a.no_launch else torch.cuda.synchronize
     for fn in variants.values():  # warm-up
-        per_call_us(fn, 1000)
+        per_call_us(fn, 1000, sync)
     samples = {name: [] for name in variants}
     items = list(variants.items())
     gc.disable()
     try:
         for r in range(a.rounds):
             for name, fn in items if r % 2 == 0 else items[::-1]:
-                samples[name].append(per_call_us(fn, a.calls))
+                samples[name].append(per_call_us(fn, a.calls, sync))
     finally:
         gc.enable()
     print(f"\n{a.rounds} rounds of {a.calls} calls per variant")
     print(f"{'variant':<60} {'median us':>10} {'min us':>8}")
     for name, xs in samples.items():
         print(f"{name:<60} {statistics.median(xs):>10.3f} {min(xs):>8.3f}")
-    for i in (0, 2):
-        d = [y - x for x, y in zip(samples[names[i]], samples[names[i + 1]])]
+    pairs = [(names[0], names[1]), (names[2], names[3])]
+    if a.no_launch:
+        pairs.append((names[2], "rope+KV store: rope_and_store alone"))
+    for base, other in pairs:
+        d = [y - x for x, y in zip(samples[base], samples[other])]
         med, lo, hi = median_ci(d)
-        print(f"{names[i + 1]}: {med:+.3f} us per call over direct (95% interval {lo:+.3f} to {hi:+.3f}; "
+        print(f"{other}: {med:+.3f} us per call over direct (95% interval {lo:+.3f} to {hi:+.3f}; "
               f"median of per-round differences; target <= +0.3)")
 
 

@@ -20,7 +20,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cstring>
 #include <initializer_list>
+#include <utility>
 #include <optional>
 #include <string>
 #include <vector>
@@ -206,11 +208,13 @@ PyObject* mrope_set_kv_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs
 // are plain CUDA tensors, with no dispatch mode active, goes straight to the launch: no Python
 // frame at all (at decode sizes a Python frame costs a visible share of the call). Every other
 // call (CPU tensors, keywords, fake or other subclass tensors, dispatch modes) goes to the
-// Python implementation set by set_fallbacks, which routes it through the registered op.
+// Python implementation set by set_fallback, which routes it through the registered op.
 // torch.compile never runs these functions: rope_compat registers those Python
 // implementations as their polyfills for tracing.
+// Where each entry point sends the calls it does not launch itself (set_fallback).
 PyObject* fallback = nullptr;
 PyObject* set_kv_fallback = nullptr;
+PyObject* sglang_fallback = nullptr;
 
 bool plain_cuda_call(PyObject* const* args, std::initializer_list<int> tensors) {
   if (!THPVariable_CheckExact(args[1]) || !THPVariable_Unpack(args[1]).is_cuda()) return false;
@@ -292,73 +296,151 @@ PyObject* rope_and_store(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   return rotary_embedding_set_kv(self, call, 12, nullptr);
 }
 
-// set_fallbacks(rotary_embedding_fn, rotary_embedding_set_kv_fn)
-PyObject* set_fallbacks(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "set_fallbacks: expected two callables");
-    return nullptr;
+// apply_rope_with_cos_sin_cache_inplace(q, k, cos_sin_cache, positions, *, is_neox, rope_dim=0,
+// fused_args=None): SGLang's rope call (rope_compat.sglang's function of this name, whose
+// docstring has the rules), compiled. SGLang calls it with keywords at every layer of every
+// decode step, and a Python frame that sorts them out costs more host time than the rest of
+// the call. The common call (every argument given once, rope_dim 0, the cache a plain tensor)
+// goes on from here to the rotary_embedding or rope_and_store entry, as the Python function
+// would; any other call (rope_dim given, missing or unknown arguments, other objects) goes to
+// that Python function, which raises its own errors.
+PyObject* sglang_rope(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  enum { kQ, kK, kCache, kPositions, kNeox, kRopeDim, kFusedArgs, kSlots };
+  static PyObject* names[kSlots] = {
+      PyUnicode_InternFromString("q"),       PyUnicode_InternFromString("k"),
+      PyUnicode_InternFromString("cos_sin_cache"), PyUnicode_InternFromString("positions"),
+      PyUnicode_InternFromString("is_neox"), PyUnicode_InternFromString("rope_dim"),
+      PyUnicode_InternFromString("fused_args")};
+  PyObject* slot[kSlots] = {};
+  bool fast = nargs <= 4;
+  for (Py_ssize_t i = 0; fast && i < nargs; ++i) slot[i] = args[i];
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t i = 0; fast && i < nkw; ++i) {
+    // A call site's keywords are interned strings: names that are equal but not the same
+    // object (and unknown or repeated ones) take the Python function's path.
+    const PyObject* kw = PyTuple_GET_ITEM(kwnames, i);
+    int s = 0;
+    while (s < kSlots && names[s] != kw) ++s;
+    fast = s < kSlots && slot[s] == nullptr;
+    if (fast) slot[s] = args[nargs + i];
   }
-  Py_INCREF(args[0]);
-  Py_XSETREF(fallback, args[0]);
-  Py_INCREF(args[1]);
-  Py_XSETREF(set_kv_fallback, args[1]);
-  Py_RETURN_NONE;
+  fast = fast && slot[kQ] && slot[kK] && slot[kCache] && slot[kPositions] && slot[kNeox] &&
+         THPVariable_CheckExact(slot[kCache]) && THPVariable_Unpack(slot[kCache]).dim() >= 1;
+  if (fast && slot[kRopeDim] != nullptr) {  // `not rope_dim`, for an int or bool only
+    fast = (PyLong_CheckExact(slot[kRopeDim]) || PyBool_Check(slot[kRopeDim])) && PyObject_Not(slot[kRopeDim]) == 1;
+  }
+  if (!fast) {
+    if (sglang_fallback == nullptr) {
+      PyErr_SetString(PyExc_RuntimeError, "apply_rope_with_cos_sin_cache_inplace: no fallback set");
+      return nullptr;
+    }
+    return PyObject_Vectorcall(sglang_fallback, args, static_cast<size_t>(nargs), kwnames);
+  }
+  // The head size of SGLang's views is rope_dim, the cache's width.
+  Ref head;
+  if ((head.p = PyLong_FromLongLong(THPVariable_Unpack(slot[kCache]).size(-1))) == nullptr) return nullptr;
+  if (slot[kFusedArgs] == nullptr || slot[kFusedArgs] == Py_None) {
+    PyObject* const call[6] = {slot[kPositions], slot[kQ], slot[kK], head.p, slot[kCache], slot[kNeox]};
+    return rotary_embedding(self, call, 6, nullptr);
+  }
+  PyObject* const call[7] = {slot[kFusedArgs], slot[kPositions], slot[kQ], slot[kK], head.p, slot[kCache], slot[kNeox]};
+  return rope_and_store(self, call, 7);
 }
 
-PyMethodDef entry_def = {
-    "rotary_embedding", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(rotary_embedding)),
-    METH_FASTCALL | METH_KEYWORDS,
-    "rotary_embedding($module, positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, "
-    "inverse=False)\n--\n\n"
-    "Apply rotary embedding to `query` and `key` in place, exactly as vLLM's op does.\n\n"
-    "The compiled entry point of rope_compat.rotary_embedding: plain CUDA tensors passed\n"
-    "positionally launch the kernel directly; any other call goes to the Python function\n"
-    "rope_compat.api._python_rotary_embedding, whose docstring describes the arguments."};
+// set_fallback(name, fn): where the entry point `name` sends the calls it does not launch.
+PyObject* set_fallback(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  static const std::pair<const char*, PyObject**> slots[] = {{"rotary_embedding", &fallback},
+                                                             {"rotary_embedding_set_kv", &set_kv_fallback},
+                                                             {"apply_rope_with_cos_sin_cache_inplace", &sglang_fallback}};
+  const char* name = nargs == 2 && PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8(args[0]) : nullptr;
+  if (name == nullptr || !PyCallable_Check(args[1])) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_TypeError, "set_fallback: expected an entry point's name and a callable");
+    return nullptr;
+  }
+  for (const auto& [entry, target] : slots) {
+    if (std::strcmp(name, entry) == 0) {
+      Py_INCREF(args[1]);
+      Py_XSETREF(*target, args[1]);
+      Py_RETURN_NONE;
+    }
+  }
+  PyErr_Format(PyExc_ValueError, "set_fallback: no entry point %R takes a fallback", args[0]);
+  return nullptr;
+}
 
-// A new function object for the entry point: the same code with an identity of its own (the
-// vLLM patch rebinds names by identity, and must find exactly the names it bound). Built-in
-// functions compare equal when their `self` objects are the same, so the caller passes a new
-// object to bind as `self` (the function ignores it).
-PyObject* new_entry(PyObject*, PyObject* tag) { return PyCFunction_NewEx(&entry_def, tag, nullptr); }
+PyObject* new_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
+template <typename F>
+PyCFunction as_cfunction(F* f) {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(f));
+}
+
+// The module's functions; the first kEntryPoints are the entry points new_entry copies.
+constexpr int kEntryPoints = 4;
 PyMethodDef methods[] = {
-    entry_def,
-    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(launch<run>)), METH_FASTCALL,
-     "launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False)\n"
-     "Check the arguments and launch the kernel on the current stream (CUDA tensors)."},
-    {"batched_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(batched_launch<run>)), METH_FASTCALL,
-     "batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)\n"
-     "vLLM's former multi-LoRA op: rows offsets[t] + positions[t]."},
-    {"set_kv_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_kv_launch<run>)), METH_FASTCALL,
-     "set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer, cache_loc,\n"
-     "k_scale=None, v_scale=None, rope_dim_offset=0)\n"
-     "Rotate query and key and store the key and value at rows cache_loc of k_buffer/v_buffer, in one launch."},
-    {"mrope_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mrope_launch)), METH_FASTCALL,
-     "mrope_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,\n"
-     "mrope_interleaved=False, rope_dim_offset=0, inverse=False)\n"
-     "Multimodal RoPE: positions [3, T]; pair i rotates by row positions[section(i), t]. One launch."},
-    {"mrope_set_kv_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(mrope_set_kv_launch)),
-     METH_FASTCALL,
-     "mrope_set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value,\n"
-     "k_buffer, v_buffer, cache_loc, k_scale=None, v_scale=None, mrope_interleaved=False, rope_dim_offset=0)\n"
-     "Multimodal RoPE, then the key and value stored at rows cache_loc of k_buffer/v_buffer, in one launch."},
-    {"rotary_embedding_set_kv", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(rotary_embedding_set_kv)),
-     METH_FASTCALL | METH_KEYWORDS,
+    {"rotary_embedding", as_cfunction(rotary_embedding), METH_FASTCALL | METH_KEYWORDS,
+     "rotary_embedding($module, positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, "
+     "inverse=False)\n--\n\n"
+     "Apply rotary embedding to `query` and `key` in place, exactly as vLLM's op does.\n\n"
+     "The compiled entry point of rope_compat.rotary_embedding: plain CUDA tensors passed\n"
+     "positionally launch the kernel directly; any other call goes to the Python function\n"
+     "rope_compat.api._python_rotary_embedding, whose docstring describes the arguments."},
+    {"rotary_embedding_set_kv", as_cfunction(rotary_embedding_set_kv), METH_FASTCALL | METH_KEYWORDS,
      "rotary_embedding_set_kv($module, positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, "
      "v_buffer, cache_loc, k_scale=None, v_scale=None, rope_dim_offset=0)\n--\n\n"
      "rotary_embedding, then the rotated key and the value stored at rows cache_loc of k_buffer / v_buffer.\n\n"
      "The compiled entry point of rope_compat.rotary_embedding_set_kv: plain CUDA tensors passed\n"
      "positionally launch the kernel directly; any other call goes to the Python function\n"
      "rope_compat.api._python_rotary_embedding_set_kv, whose docstring describes the arguments."},
-    {"rope_and_store", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(rope_and_store)), METH_FASTCALL,
+    {"apply_rope_with_cos_sin_cache_inplace", as_cfunction(sglang_rope), METH_FASTCALL | METH_KEYWORDS,
+     "apply_rope_with_cos_sin_cache_inplace($module, q, k, cos_sin_cache, positions, *, is_neox, rope_dim=0, "
+     "fused_args=None)\n--\n\n"
+     "Rotate q and k in place; with `fused_args`, also store the key and value rows (SGLang's call).\n\n"
+     "The compiled form of rope_compat.sglang's function of this name, whose docstring has the rules:\n"
+     "calls with rope_dim 0 and a plain cache tensor go on in C, any other call to that function."},
+    {"rope_and_store", as_cfunction(rope_and_store), METH_FASTCALL,
      "rope_and_store($module, arg, positions, query, key, head_size, cos_sin_cache, is_neox, /)\n--\n\n"
      "rotary_embedding_set_kv with value, k_buffer, v_buffer, cache_loc and the optional k_scale, v_scale\n"
      "read from arg: the compiled form of rope_compat.compat.sgl.rope_and_store."},
-    {"set_fallbacks", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_fallbacks)), METH_FASTCALL,
-     "set_fallbacks(rotary_embedding_fn, rotary_embedding_set_kv_fn): where the two entry points send the calls\n"
-     "they do not launch."},
-    {"new_entry", new_entry, METH_O, "new_entry(tag): a distinct function object for rotary_embedding, bound to tag."},
+    {"launch", as_cfunction(launch<run>), METH_FASTCALL,
+     "launch(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0, inverse=False)\n"
+     "Check the arguments and launch the kernel on the current stream (CUDA tensors)."},
+    {"batched_launch", as_cfunction(batched_launch<run>), METH_FASTCALL,
+     "batched_launch(positions, query, key, head_size, cos_sin_cache, is_neox, rot_dim, cos_sin_cache_offsets)\n"
+     "vLLM's former multi-LoRA op: rows offsets[t] + positions[t]."},
+    {"set_kv_launch", as_cfunction(set_kv_launch<run>), METH_FASTCALL,
+     "set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, value, k_buffer, v_buffer, cache_loc,\n"
+     "k_scale=None, v_scale=None, rope_dim_offset=0)\n"
+     "Rotate query and key and store the key and value at rows cache_loc of k_buffer/v_buffer, in one launch."},
+    {"mrope_launch", as_cfunction(mrope_launch), METH_FASTCALL,
+     "mrope_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section,\n"
+     "mrope_interleaved=False, rope_dim_offset=0, inverse=False)\n"
+     "Multimodal RoPE: positions [3, T]; pair i rotates by row positions[section(i), t]. One launch."},
+    {"mrope_set_kv_launch", as_cfunction(mrope_set_kv_launch), METH_FASTCALL,
+     "mrope_set_kv_launch(positions, query, key, head_size, cos_sin_cache, is_neox, mrope_section, value,\n"
+     "k_buffer, v_buffer, cache_loc, k_scale=None, v_scale=None, mrope_interleaved=False, rope_dim_offset=0)\n"
+     "Multimodal RoPE, then the key and value stored at rows cache_loc of k_buffer/v_buffer, in one launch."},
+    {"set_fallback", as_cfunction(set_fallback), METH_FASTCALL,
+     "set_fallback(name, fn): where the entry point `name` (rotary_embedding, rotary_embedding_set_kv or\n"
+     "apply_rope_with_cos_sin_cache_inplace) sends the calls it does not launch."},
+    {"new_entry", as_cfunction(new_entry), METH_FASTCALL,
+     "new_entry(name, tag): a distinct function object for the entry point `name`, bound to tag."},
     {nullptr, nullptr, 0, nullptr}};
+
+// A new function object for an entry point: the same code with an identity of its own (the
+// patches rebind names by identity, and must find exactly the names they bound). Built-in
+// functions compare equal when their `self` objects are the same, so the caller passes a new
+// object to bind as `self` (the entry points ignore it).
+PyObject* new_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  const char* name = nargs == 2 && PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8(args[0]) : nullptr;
+  for (int i = 0; name != nullptr && i < kEntryPoints; ++i) {
+    if (std::strcmp(name, methods[i].ml_name) == 0) return PyCFunction_NewEx(&methods[i], args[1], nullptr);
+  }
+  PyErr_Clear();
+  PyErr_SetString(PyExc_ValueError, "new_entry: expected the name of an entry point and a tag");
+  return nullptr;
+}
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "rope-compat CUDA kernels", -1, methods};
 

@@ -107,24 +107,42 @@ def rotary_embedding(
         )
 
 
-_python_rotary_embedding = rotary_embedding
-if _C is not None:
-    # With the compiled module, the public name is its entry point, a C function with the
-    # same signature: a positional call with plain CUDA tensors launches the kernel with no
-    # Python frame at all (the eager host time of a decode step). It hands every other call
-    # to the Python function above, and torch.compile traces that function in its place.
-    # Its fallback is set below, together with rotary_embedding_set_kv's (set_fallbacks).
-    torch.compiler.substitute_in_graph(_C.rotary_embedding)(_python_rotary_embedding)
-    rotary_embedding = _C.rotary_embedding  # type: ignore[assignment]  # noqa: F811
+_python_forms: dict = {}  # entry point name -> the Python function it stands for
+
+
+def compiled_entry(name: str, python_fn: Callable, fallback: bool = True) -> Callable:
+    """The compiled module's entry point `name` standing for `python_fn`, or `python_fn`
+    without the module.
+
+    An entry point is a C function with python_fn's signature: the calls it can take (plain
+    CUDA tensors, the common argument forms) launch the kernel with no Python frame at all,
+    which is the eager host time of a decode step. With `fallback` it hands every other call
+    to python_fn; torch.compile traces python_fn in its place."""
+    if _C is None:
+        return python_fn
+    entry = getattr(_C, name)
+    if fallback:
+        _C.set_fallback(name, python_fn)
+    torch.compiler.substitute_in_graph(entry)(python_fn)
+    _python_forms[name] = python_fn
+    return entry
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_entry_copy() -> Callable[..., None]:
-    """A distinct function object for the compiled entry point, traced like it; one per process
-    (torch.compile accepts one registration per object)."""
-    copy = _C.new_entry(object())
-    torch.compiler.substitute_in_graph(copy)(_python_rotary_embedding)
+def compiled_entry_copy(name: str) -> Callable[..., None]:
+    """A distinct function object for the entry point `name`, traced like it; one per name and
+    process (torch.compile accepts one registration per object)."""
+    copy = _C.new_entry(name, object())
+    torch.compiler.substitute_in_graph(copy)(_python_forms[name])
+    compiled_entry_copies[name] = copy
     return copy
+
+
+compiled_entry_copies: dict = {}  # entry point name -> its copy, once made
+
+
+_python_rotary_embedding = rotary_embedding
+rotary_embedding = compiled_entry("rotary_embedding", _python_rotary_embedding)  # type: ignore[assignment]  # noqa: F811
 
 
 # The name proposed for this API in FlashInfer issue 530; same arguments as vLLM's op.
@@ -198,13 +216,10 @@ def rotary_embedding_set_kv(
 
 
 _python_rotary_embedding_set_kv = rotary_embedding_set_kv
-if _C is not None:
-    # As for rotary_embedding: the public name is the compiled entry point, which launches
-    # positional calls with plain CUDA tensors itself (no Python frame: SGLang's fused call
-    # runs at every layer of every decode step) and hands every other call to the function above.
-    _C.set_fallbacks(_python_rotary_embedding, _python_rotary_embedding_set_kv)
-    torch.compiler.substitute_in_graph(_C.rotary_embedding_set_kv)(_python_rotary_embedding_set_kv)
-    rotary_embedding_set_kv = _C.rotary_embedding_set_kv  # type: ignore[assignment]  # noqa: F811
+# SGLang's fused call reaches this at every layer of every decode step (compiled_entry: why).
+rotary_embedding_set_kv = compiled_entry(  # type: ignore[assignment]  # noqa: F811
+    "rotary_embedding_set_kv", _python_rotary_embedding_set_kv
+)
 
 
 def mrope_rotary_embedding(

@@ -94,6 +94,14 @@ def apply_rope_with_cos_sin_cache_inplace(
     _general(q, k, cos_sin_cache, positions, is_neox, rope_dim, fused_args)
 
 
+_python_apply_rope_with_cos_sin_cache_inplace = apply_rope_with_cos_sin_cache_inplace
+# Where the extension is built, the compiled form: it sorts out SGLang's keywords in C and goes
+# on to the same entry points as the function above, which takes every call it does not.
+apply_rope_with_cos_sin_cache_inplace = api.compiled_entry(  # type: ignore[assignment]  # noqa: F811
+    "apply_rope_with_cos_sin_cache_inplace", _python_apply_rope_with_cos_sin_cache_inplace
+)
+
+
 def _general(q, k, cos_sin_cache, positions, is_neox, rope_dim, fused_args) -> None:
     head = _head(cos_sin_cache)
     if rope_dim and rope_dim != head:

@@ -39,6 +39,7 @@ if MODE == "alias":
 import torch  # noqa: E402
 
 import rope_compat  # noqa: E402
+from rope_compat.compat._bindings import runs_code_of  # noqa: E402
 from reference import rope_reference  # noqa: E402
 from tolerances import assert_matches_reference  # noqa: E402
 
@@ -169,8 +170,8 @@ def main():
         status = rope_compat.patch_sglang()
         setup = {}
         _check(setup, "layer module rebound", lambda: _assert(
-            base.apply_rope_with_cos_sin_cache_inplace.__code__
-            is rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace.__code__))
+            runs_code_of(base.apply_rope_with_cos_sin_cache_inplace,
+                         rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace)))
         _check(setup, "patch_status lists it", lambda: _assert(
             f"{base.__name__}.apply_rope_with_cos_sin_cache_inplace"
             in status.sglang["sglang.kernels.ops.attention.rope.apply_rope_with_cos_sin_cache_inplace"]))

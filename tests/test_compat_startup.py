@@ -300,11 +300,12 @@ def test_sglang_route_patches_when_sglangs_rope_module_is_imported(hook_dir, tmp
         before = "rope_compat" in sys.modules
         import sglang.layer
         import rope_compat
+        from rope_compat.compat._bindings import runs_code_of
         status = rope_compat.patch_status()
         print(json.dumps({
             "before": before,
-            "patched": sglang.layer.apply_rope_with_cos_sin_cache_inplace.__code__
-                is rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace.__code__,
+            "patched": runs_code_of(sglang.layer.apply_rope_with_cos_sin_cache_inplace,
+                                    rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace),
             "status": status.sglang,
             "pending": list(status.pending),
         }))

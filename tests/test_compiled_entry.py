@@ -3,7 +3,9 @@
 plain positional CUDA calls themselves and hand every other call to the Python functions
 `api._python_rotary_embedding` / `api._python_rotary_embedding_set_kv`; torch.compile traces
 those functions instead. `rope_compat.compat.sgl.rope_and_store` (the fused call of SGLang and
-sgl-kernel) is a C function too: it reads the arg's fields and calls the set_kv entry.
+sgl-kernel) is a C function too: it reads the arg's fields and calls the set_kv entry. So is
+SGLang's `rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace`: it sorts out the keywords
+of SGLang's call and goes on to the other two, or hands the call to its Python function.
 
 These tests need the compiled extension (a CUDA build of torch); their ids say `cuda` so the
 GPU check selects them. Without the extension they skip.
@@ -89,8 +91,8 @@ def test_entry_rejects_wrong_types_by_name_cuda(bad, match):
 
 
 def test_entry_copy_is_distinct_and_traced_like_the_entry_cuda():
-    copy = api.compiled_entry_copy()
-    assert copy is api.compiled_entry_copy()  # one per process
+    copy = api.compiled_entry_copy("rotary_embedding")
+    assert copy is api.compiled_entry_copy("rotary_embedding")  # one per process
     assert copy is not rope_compat.rotary_embedding
     case = make_case(tokens=(9,), heads=4, kv_heads=2, head_size=32, device="cpu")
     want_q, want_k = rope_reference(*case.args())
@@ -141,10 +143,21 @@ def test_launch_rejects_scalars_it_cannot_convert_cuda(index, value, match):
     assert torch.equal(case.query, before)
 
 
-@pytest.mark.parametrize("args", [(3, print), (print,), (print, print, print)])
-def test_set_fallbacks_rejects_anything_but_two_callables_cuda(args):
-    with pytest.raises(TypeError, match=r"set_fallbacks: expected two callables"):
-        api._C.set_fallbacks(*args)
+@pytest.mark.parametrize("args, exc, match", [
+    (("rotary_embedding", 3), TypeError, r"set_fallback: expected an entry point's name and a callable"),
+    ((print,), TypeError, r"set_fallback: expected an entry point's name and a callable"),
+    ((print, print), TypeError, r"set_fallback: expected an entry point's name and a callable"),
+    (("rope_and_store", print), ValueError, r"set_fallback: no entry point 'rope_and_store' takes a fallback"),
+])
+def test_set_fallback_rejects_anything_but_an_entry_name_and_a_callable_cuda(args, exc, match):
+    with pytest.raises(exc, match=match):
+        api._C.set_fallback(*args)
+
+
+@pytest.mark.parametrize("args", [("launch", object()), ("nope", object()), (3, object()), ("rotary_embedding",)])
+def test_new_entry_copies_entry_points_only_cuda(args):
+    with pytest.raises(ValueError, match=r"new_entry: expected the name of an entry point and a tag"):
+        api._C.new_entry(*args)
 
 
 # ---- rotary_embedding_set_kv's entry point (the call SGLang's fused KV store makes).
@@ -331,3 +344,141 @@ def test_rope_and_store_is_traced_without_a_graph_break_cuda(device):
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert_matches_reference(q, want_q)
     assert torch.equal(k_buf[loc].reshape(k.shape), k)
+
+
+# ---- SGLang's apply_rope_with_cos_sin_cache_inplace, compiled: the keywords of SGLang's call
+# sorted out in C, then the rotary_embedding or rope_and_store entry; every other call to the
+# Python function. Same results and errors as that function.
+
+SGLANG_FORMS = ["python", "compiled"]
+
+
+def _sglang_fn(which):
+    sglang = rope_compat.sglang
+    return sglang._python_apply_rope_with_cos_sin_cache_inplace if which == "python" else api._C.apply_rope_with_cos_sin_cache_inplace
+
+
+def test_sglang_entry_is_the_compiled_function_with_sglangs_signature_cuda():
+    assert rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace is api._C.apply_rope_with_cos_sin_cache_inplace
+    ours = inspect.signature(api._C.apply_rope_with_cos_sin_cache_inplace)
+    python = inspect.signature(rope_compat.sglang._python_apply_rope_with_cos_sin_cache_inplace)
+    assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
+        (p.name, p.kind, p.default) for p in python.parameters.values()]
+
+
+def _sglang_case(device, fused):
+    case, value, k_buf, v_buf, loc = _set_kv_case(device, offset=0, rot_dim=64)  # SGLang's head = rope_dim
+    arg = _Arg4(value, k_buf, v_buf, loc) if fused else None
+    return case, arg, value, k_buf, v_buf, loc
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("which", SGLANG_FORMS)
+@pytest.mark.parametrize("fused", [False, True], ids=["rope", "fused"])
+@pytest.mark.parametrize("call", ["sglang-keywords", "positional", "mixed", "rope_dim-0", "rope_dim-False",
+                                  "rope_dim-given", "fused-None-given", "reordered"])
+def test_sglang_entry_matches_reference_every_way_it_is_called_cuda(device, which, fused, call):
+    case, arg, value, k_buf, v_buf, loc = _sglang_case(device, fused)
+    want_q, want_k = rope_reference(*case.args())
+    k_before, v_before = k_buf.clone(), v_buf.clone()
+    f, p, q, k, cache, neox = _sglang_fn(which), case.positions, case.query, case.key, case.cos_sin_cache, case.is_neox
+    extra = {"fused_args": arg} if fused else {}
+    if call == "sglang-keywords":  # as SGLang's RotaryEmbedding.forward_cuda calls it
+        f(positions=p, q=q, k=k, cos_sin_cache=cache, is_neox=neox, fused_args=arg)
+    elif call == "positional":
+        f(q, k, cache, p, is_neox=neox, **extra)
+    elif call == "mixed":
+        f(q, k, cos_sin_cache=cache, positions=p, is_neox=neox, **extra)
+    elif call == "rope_dim-0":
+        f(q, k, cache, p, is_neox=neox, rope_dim=0, **extra)
+    elif call == "rope_dim-False":
+        f(q, k, cache, p, is_neox=neox, rope_dim=False, **extra)
+    elif call == "rope_dim-given":
+        f(q, k, cache, p, is_neox=neox, rope_dim=cache.shape[-1], **extra)
+    elif call == "fused-None-given":
+        f(q, k, cache, p, is_neox=neox, fused_args=arg)
+    else:
+        f(fused_args=arg, is_neox=neox, positions=p, cos_sin_cache=cache, k=k, q=q)
+    assert_matches_reference(q, want_q)
+    assert_matches_reference(k, want_k)
+    if fused:
+        stored = torch.zeros(k_buf.shape[0], dtype=torch.bool, device=device)
+        stored[loc] = True
+        assert torch.equal(k_buf[loc].reshape(k.shape), k) and torch.equal(k_buf[~stored], k_before[~stored])
+        assert torch.equal(v_buf[loc], value) and torch.equal(v_buf[~stored], v_before[~stored])
+    else:
+        assert torch.equal(k_buf, k_before) and torch.equal(v_buf, v_before)
+
+
+def _bad_sglang_call(f, bad, q, k, cache, p, arg):
+    if bad == "missing-is_neox":
+        f(q, k, cache, p)
+    elif bad == "missing-positions":
+        f(q, k, cache, is_neox=True)
+    elif bad == "unknown-keyword":
+        f(q, k, cache, p, is_neox=True, rope_dims=0)
+    elif bad == "twice":
+        f(q, k, cache, p, is_neox=True, q=q)
+    elif bad == "too-many-positional":
+        f(q, k, cache, p, True)
+    elif bad == "rope_dim-differs":
+        f(q, k, cache, p, is_neox=True, rope_dim=16)
+    elif bad == "cache-not-a-tensor":
+        f(q, k, [1.0], p, is_neox=True)
+    elif bad == "cache-0-dim":
+        f(q, k, torch.tensor(1.0), p, is_neox=True)
+    elif bad == "is_neox-str":
+        f(q, k, cache, p, is_neox="yes")
+    elif bad == "fused-no-key":
+        f(q, None, cache, p, is_neox=True, fused_args=arg)
+    elif bad == "head-differs":
+        f(q[..., :32], k[..., :32], cache, p, is_neox=True)
+
+
+@pytest.mark.parametrize("bad", ["missing-is_neox", "missing-positions", "unknown-keyword", "twice",
+                                 "too-many-positional", "rope_dim-differs", "cache-not-a-tensor", "cache-0-dim",
+                                 "is_neox-str", "fused-no-key", "head-differs"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_sglang_entry_errors_match_the_python_function_cuda(device, bad):
+    """The same exception type and message from both forms, and nothing written."""
+    raised = []
+    for which in SGLANG_FORMS:
+        case, arg, value, k_buf, v_buf, loc = _sglang_case(device, fused=True)
+        before = [t.clone() for t in (case.query, case.key, k_buf, v_buf)]
+        with pytest.raises(Exception) as info:
+            _bad_sglang_call(_sglang_fn(which), bad, case.query, case.key, case.cos_sin_cache, case.positions, arg)
+        raised.append((type(info.value), str(info.value).replace("_python_", "")))
+        for old, new in zip(before, (case.query, case.key, k_buf, v_buf)):
+            assert torch.equal(old, new)
+    assert raised[0] == raised[1]
+
+
+def test_sglang_entry_leaks_no_reference_cuda():
+    case, arg, value, k_buf, v_buf, loc = _sglang_case("cpu", fused=True)
+    objs = (arg, case.query, case.key, case.cos_sin_cache, case.positions)
+    refs = [sys.getrefcount(o) for o in objs]
+    for _ in range(3):
+        api._C.apply_rope_with_cos_sin_cache_inplace(positions=case.positions, q=case.query, k=case.key,
+                                                     cos_sin_cache=case.cos_sin_cache, is_neox=True, fused_args=arg)
+        api._C.apply_rope_with_cos_sin_cache_inplace(case.query, case.key, case.cos_sin_cache, case.positions,
+                                                     is_neox=True)
+    assert [sys.getrefcount(o) for o in objs] == refs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sglang_entry_copy_is_distinct_and_traced_without_a_graph_break_cuda(device):
+    copy = api.compiled_entry_copy("apply_rope_with_cos_sin_cache_inplace")
+    assert copy is not rope_compat.sglang.apply_rope_with_cos_sin_cache_inplace
+    assert copy.__name__ == "apply_rope_with_cos_sin_cache_inplace"
+    case, arg, value, k_buf, v_buf, loc = _sglang_case(device, fused=False)
+    want_q, _ = rope_reference(*case.args())
+    cache, neox = case.cos_sin_cache, case.is_neox
+
+    def block(positions, q, k):
+        copy(positions=positions, q=q, k=k, cos_sin_cache=cache, is_neox=neox, fused_args=None)
+        return q * 2
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(block)(case.positions, case.query, case.key)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert_matches_reference(case.query, want_q)

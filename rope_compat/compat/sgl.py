@@ -104,10 +104,7 @@ def rope_and_store(
 
 
 _python_rope_and_store = rope_and_store
-if api._C is not None:
-    # Where the CUDA extension is built, the name is its compiled form (positional arguments
-    # only): it reads the arg's fields in C and calls rotary_embedding_set_kv's entry point, so
-    # the SGLang call's field reads cost no Python bytecode. torch.compile traces the function
-    # above in its place.
-    torch.compiler.substitute_in_graph(api._C.rope_and_store)(_python_rope_and_store)
-    rope_and_store = api._C.rope_and_store  # type: ignore[assignment]  # noqa: F811
+# Where the extension is built, the compiled form (positional arguments only, its own errors):
+# it reads the arg's fields in C and calls rotary_embedding_set_kv's entry point, so SGLang's
+# fused call reads them with no Python bytecode.
+rope_and_store = api.compiled_entry("rope_and_store", _python_rope_and_store, fallback=False)  # type: ignore[assignment]  # noqa: F811
