@@ -7,6 +7,9 @@
 // cache_loc, CUDA-graph replays over input sets that together exceed 2.5x the L2) it prints:
 //   fused:    launch_rotary_set_kv (csrc/fused_kv_store_kernel.cu), as the extension calls it;
 //   fp8:      the same into float8_e4m3 buffers (no scale); fp8/s: with k_scale 0.5, v_scale 0.25;
+//   hot:      the fused kernel writing the same rows (0..T-1) for every input set, so the rows it
+//             stores to are in the L2 and their pages in the TLBs: what the scattered store's
+//             misses cost at the end of the kernel's chain of loads;
 //   rope:     launch_rotary_embedding on the same q/k (the rotation alone, no store);
 //   pattern:  a trivial kernel that moves exactly the bytes the fused call must move, the same
 //             way: one thread per 16-byte chunk; a q/k chunk of the rotated dims is loaded and
@@ -91,8 +94,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&cache, kCacheRows * 128 * 4));
   fill_f32<<<1024, 256>>>(cache, kCacheRows * 128, 3);
 
-  printf("%-9s %7s %9s %9s %9s %9s %9s %9s %9s %11s %11s\n", "shape", "tokens", "fused us", "fp8", "fp8/s", "rope",
-         "pattern",
+  printf("%-9s %7s %9s %9s %9s %9s %9s %9s %9s %9s %11s %11s\n", "shape", "tokens", "fused us", "fp8", "fp8/s", "hot",
+         "rope", "pattern",
          "sorted",
          "contig", "of pattern", "of contig");
   for (const Shape& s : shapes) {
@@ -104,7 +107,7 @@ int main(int argc, char** argv) {
       const int64_t rows = std::max<int64_t>(2 * tokens, 5 * static_cast<int64_t>(l2) / 2 / (kv * 2) + 1);
       __nv_bfloat16 *qkv, *kbuf, *vbuf, *flat;
       unsigned char *kbuf8, *vbuf8;
-      int64_t *pos, *loc, *loc_sorted;
+      int64_t *pos, *loc, *loc_sorted, *loc_hot;
       const int64_t n_qkv = n_sets * tokens * row, n_tok = static_cast<int64_t>(n_sets) * tokens;
       const int64_t n_flat = n_sets * tokens * moved / 4;  // elements: in place, half the bytes moved
       CK(cudaMalloc(&qkv, n_qkv * 2));
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&pos, n_tok * 8));
       CK(cudaMalloc(&loc, n_tok * 8));
       CK(cudaMalloc(&loc_sorted, n_tok * 8));
+      CK(cudaMalloc(&loc_hot, n_tok * 8));
       fill_bf16<<<1024, 256>>>(qkv, n_qkv, 1);
       fill_bf16<<<1024, 256>>>(kbuf, rows * kv, 2);
       fill_bf16<<<1024, 256>>>(vbuf, rows * kv, 4);
@@ -129,21 +133,24 @@ int main(int argc, char** argv) {
       std::vector<int64_t> srt(n_tok);
       for (int64_t k = 0; k < n_tok; ++k) srt[k] = ((k / tokens) * tokens + k % tokens) % rows;
       CK(cudaMemcpy(loc_sorted, srt.data(), n_tok * 8, cudaMemcpyHostToDevice));
+      for (int64_t k = 0; k < n_tok; ++k) srt[k] = k % tokens;
+      CK(cudaMemcpy(loc_hot, srt.data(), n_tok * 8, cudaMemcpyHostToDevice));
       CK(cudaDeviceSynchronize());
 
       auto rotary_params = [&](int i) {
         return fused_qkv_params(qkv + i * tokens * row, pos + static_cast<int64_t>(i) * tokens, cache, kCacheRows,
                                 tokens, s.hq, s.hk, s.d, s.d, true);
       };
-      auto fused_into = [&](void* kb, void* vb, BufferDType bt, float ks = 1.f, float vs = 1.f) {
-        return [&, kb, vb, bt, ks, vs](int i, cudaStream_t st) {
+      auto fused_into = [&](void* kb, void* vb, BufferDType bt, float ks = 1.f, float vs = 1.f,
+                            const int64_t* locs = nullptr) {
+        return [&, kb, vb, bt, ks, vs, locs](int i, cudaStream_t st) {
         __nv_bfloat16* base = qkv + i * tokens * row;
         const RotaryParams p = rotary_params(i);
         KvStoreParams k{};
         k.value = base + (s.hq + s.hk) * s.d;
         k.k_buffer = kb;
         k.v_buffer = vb;
-        k.cache_loc = loc + static_cast<int64_t>(i) * tokens;
+        k.cache_loc = (locs ? locs : loc) + static_cast<int64_t>(i) * tokens;
         k.v_batch_stride = row * tokens;
         k.v_token_stride = row;
         k.v_head_stride = s.d;
@@ -179,14 +186,15 @@ int main(int argc, char** argv) {
       });
       const float t_fp8 = time_graph(n_sets, fused_into(kbuf8, vbuf8, BufferDType::kFloat8E4M3));
       const float t_fp8s = time_graph(n_sets, fused_into(kbuf8, vbuf8, BufferDType::kFloat8E4M3, 0.5f, 0.25f));
+      const float t_hot = time_graph(n_sets, fused_into(kbuf, vbuf, BufferDType::kBFloat16, 1.f, 1.f, loc_hot));
       const float t_pattern = time_graph(n_sets, pattern_on(loc));
       const float t_sorted = time_graph(n_sets, pattern_on(loc_sorted));
       const float t_contig = time_graph(n_sets, contig);
-      printf("%-9s %7d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %11.3f %11.3f\n", s.name, tokens, t_fused, t_fp8,
-             t_fp8s, t_rope, t_pattern,
+      printf("%-9s %7d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %11.3f %11.3f\n", s.name, tokens, t_fused, t_fp8,
+             t_fp8s, t_hot, t_rope, t_pattern,
              t_sorted, t_contig, t_pattern / t_fused, t_contig / t_fused);
       fflush(stdout);
-      for (void* ptr : {(void*)qkv, (void*)kbuf, (void*)vbuf, (void*)flat, (void*)kbuf8, (void*)vbuf8, (void*)pos, (void*)loc, (void*)loc_sorted})
+      for (void* ptr : {(void*)qkv, (void*)kbuf, (void*)vbuf, (void*)flat, (void*)kbuf8, (void*)vbuf8, (void*)pos, (void*)loc, (void*)loc_sorted, (void*)loc_hot})
         CK(cudaFree(ptr));
     }
   }
