@@ -9,6 +9,15 @@
 // checked against a float64 reference on the host at 1000 tokens (one head per thread) and
 // 12000 tokens (several heads per thread).
 //
+// Two floors, trivial kernels with the two ops' access patterns and no arithmetic to speak of
+// (one thread per token, head and vector of V pairs, launched as the kernels launch; V halved
+// where the kernels halve it): "floor1" loads the token's position and its V cos and V sin
+// from that row, and loads and stores the head's two q/k vectors, as the plain op moves its
+// bytes; "floor3" loads the three positions and takes its cos/sin from the row of its pairs'
+// section, contiguous sections as given (for the interleaved shape that is a lower bound: its
+// pairs take the same three rows, more scattered). floor3 / floor1 is what reading three random
+// rows per token instead of one costs by itself.
+//
 // Build and run from the repository root on a CUDA machine (no torch needed); both kernels are
 // linked from their own source files, as the extension links them:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/mrope_vs_plain benchmarks/studies/mrope_vs_plain.cu \
@@ -28,6 +37,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace rope_compat;
@@ -112,6 +122,38 @@ double check(const Shape& s, const std::vector<float>& cache, const float* d_cac
   return worst;
 }
 
+// The floors (see the header). V bf16 q/k elements and V float cos/sin values per vector.
+template <int V, int kRows>
+__global__ void pattern_floor(__nv_bfloat16* qkv, const int64_t* pos, const float* cache, int tokens, int heads,
+                              int64_t row, int d, int64_t pos_row_stride, int t_end, int h_end) {
+  pdl_prologue();
+  using QK = typename std::conditional<V == 8, uint4, uint2>::type;  // V bf16
+  const int units = d / 2 / V;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<int64_t>(tokens) * heads * units) return;
+  const int t = static_cast<int>(i / (heads * units));
+  const int rem = static_cast<int>(i - static_cast<int64_t>(t) * heads * units);
+  const int h = rem / units, j = rem - h * units;
+  int64_t r = pos[t];
+  if (kRows == 3) {
+    const int64_t r1 = pos[pos_row_stride + t], r2 = pos[2 * pos_row_stride + t];
+    const int first = j * V;
+    r = first < t_end ? r : first < h_end ? r1 : r2;
+  }
+  const float4* c = reinterpret_cast<const float4*>(cache + r * d + j * V);
+  const float4* sn = reinterpret_cast<const float4*>(cache + r * d + d / 2 + j * V);
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < V / 4; ++k) acc += c[k].x + sn[k].y;
+  QK* x = reinterpret_cast<QK*>(qkv + t * row + static_cast<int64_t>(h) * d + j * V);
+  QK* y = reinterpret_cast<QK*>(qkv + t * row + static_cast<int64_t>(h) * d + d / 2 + j * V);
+  QK a = *x, b = *y;
+  a.x ^= __float_as_uint(acc) & 1u;  // uses every load; flips at most one bit
+  b.x ^= __float_as_uint(acc) & 2u;
+  *x = a;
+  *y = b;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,8 +188,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  printf("%-14s %7s %10s %10s %10s %11s %12s\n", "shape", "tokens", "mrope us", "plain us", "mrope/plain",
-         "same-rows us", "same/plain");
+  printf("%-14s %7s %10s %10s %10s %11s %12s %9s %9s %13s\n", "shape", "tokens", "mrope us", "plain us", "mrope/plain",
+         "same-rows us", "same/plain", "floor1", "floor3", "floor3/floor1");
   for (const Shape& s : shapes) {
     const int64_t row = static_cast<int64_t>(s.hq + 2 * s.hk) * s.d;
     for (int tokens : token_list) {
@@ -183,8 +225,24 @@ int main(int argc, char** argv) {
         CK(static_cast<cudaError_t>(launch_rotary_embedding(params(s, sets[i], d_cache, tokens), st, 0)));
       });
       const float t_same = mrope(same);
-      printf("%-14s %7d %10.2f %10.2f %10.2f %11.2f %12.2f\n", s.name, tokens, t_mrope, t_plain, t_mrope / t_plain,
-             t_same, t_same / t_plain);
+      // The kernels' vector width for this call (kernel_common.cuh's call_width: 16-byte vectors
+      // halved for 2048-6144 threads).
+      const int64_t wide_threads = static_cast<int64_t>(tokens) * (s.hq + s.hk) * (s.d / 2 / 8);
+      const bool narrow = wide_threads >= 2048 && wide_threads <= 6144;
+      auto floor_of = [&](int rows) {
+        return time_graph(n_sets, [&](int i, cudaStream_t st) {
+          const int v = narrow ? 4 : 8;
+          const int64_t threads = static_cast<int64_t>(tokens) * (s.hq + s.hk) * (s.d / 2 / v);
+          const int t_end = s.section[0], h_end = s.section[0] + s.section[1];
+          auto* k = narrow ? (rows == 3 ? pattern_floor<4, 3> : pattern_floor<4, 1>)
+                           : (rows == 3 ? pattern_floor<8, 3> : pattern_floor<8, 1>);
+          CK(launch_dependent(k, threads, st, sets[i].qkv, sets[i].pos, static_cast<const float*>(d_cache), tokens,
+                              s.hq + s.hk, row, s.d, static_cast<int64_t>(tokens), t_end, h_end));
+        });
+      };
+      const float t_floor1 = floor_of(1), t_floor3 = floor_of(3);
+      printf("%-14s %7d %10.2f %10.2f %10.2f %11.2f %12.2f %9.2f %9.2f %13.2f\n", s.name, tokens, t_mrope, t_plain,
+             t_mrope / t_plain, t_same, t_same / t_plain, t_floor1, t_floor3, t_floor3 / t_floor1);
       fflush(stdout);
       CK(cudaFree(qkv_all));
       CK(cudaFree(pos_all));
