@@ -22,9 +22,9 @@
 
 #include <cstring>
 #include <initializer_list>
-#include <utility>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "binding.h"
@@ -211,7 +211,6 @@ PyObject* mrope_set_kv_launch(PyObject*, PyObject* const* args, Py_ssize_t nargs
 // Python implementation set by set_fallback, which routes it through the registered op.
 // torch.compile never runs these functions: rope_compat registers those Python
 // implementations as their polyfills for tracing.
-// Where each entry point sends the calls it does not launch itself (set_fallback).
 PyObject* fallback = nullptr;
 PyObject* set_kv_fallback = nullptr;
 PyObject* sglang_fallback = nullptr;
