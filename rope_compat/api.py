@@ -7,7 +7,6 @@ on purpose: for decode-sized calls the host time of the wrapper is part of the l
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
@@ -128,17 +127,18 @@ def compiled_entry(name: str, python_fn: Callable, fallback: bool = True) -> Cal
     return entry
 
 
-@functools.lru_cache(maxsize=None)
+compiled_entry_copies: dict = {}  # entry point name -> its copy, once made
+
+
 def compiled_entry_copy(name: str) -> Callable[..., None]:
     """A distinct function object for the entry point `name`, traced like it; one per name and
     process (torch.compile accepts one registration per object)."""
-    copy = _C.new_entry(name, object())
-    torch.compiler.substitute_in_graph(copy)(_python_forms[name])
-    compiled_entry_copies[name] = copy
+    copy = compiled_entry_copies.get(name)
+    if copy is None:
+        copy = _C.new_entry(name, object())
+        torch.compiler.substitute_in_graph(copy)(_python_forms[name])
+        compiled_entry_copies[name] = copy
     return copy
-
-
-compiled_entry_copies: dict = {}  # entry point name -> its copy, once made
 
 
 _python_rotary_embedding = rotary_embedding

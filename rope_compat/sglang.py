@@ -80,8 +80,9 @@ def apply_rope_with_cos_sin_cache_inplace(
     fused_args: Optional[FusedSetKVBufferArg] = None,
 ) -> None:
     """Rotate q and k in place; with `fused_args`, also store the key and value rows."""
-    # The decode-step calls: one Python frame over a compiled entry point (with fused_args,
-    # rope_and_store's, which reads the arg's fields in C), no tensor read.
+    # The decode-step calls (where this function serves them: without the extension, whose
+    # compiled form below takes them otherwise): one frame over rotary_embedding or
+    # rope_and_store, no tensor read.
     if not rope_dim:
         cache, head = _last_cache
         if cache is not cos_sin_cache:
