@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "fused_kv_store.h"
 #include "kernel_common.cuh"
@@ -97,31 +98,85 @@ __device__ __forceinline__ void convert2<E5M2>(float a, float b, E5M2& oa, E5M2&
   ob.bits = e5m2_fixup(static_cast<uint8_t>(two >> 8), b);
 }
 
+// x / scale for buffers of 16 bits or fewer, without a division (a division per element costs
+// a float8 store more than its bytes do): x * inv (inv = 1 / scale rounded to nearest, from the
+// host) corrected by one fused multiply-add. That is the correctly rounded x / scale wherever
+// it is a normal float (Markstein's theorem); where it is not (below 2^-126, or past the float
+// range) such buffers round both to the same value. copysignf keeps the sign of a zero
+// quotient (-0 / s is -0; the correction adds +0). Right wherever x * inv is finite.
+__device__ __forceinline__ float finite_quotient(float x, float scale, float inv) {
+  const float q = x * inv;
+  return copysignf(__fmaf_rn(__fmaf_rn(-q, scale, x), inv, q), q);
+}
+
+// The float8 store of V values (V a multiple of 4) for the common case, in fewer instructions
+// than store_row's general path (at decode sizes the instructions a thread runs after its
+// last load are what a store adds to the call): finite_quotient, the saturating conversion,
+// and the four bytes of each word stored as they come. It stores nothing and returns false
+// when any byte is one the general path may change: saturated or at the largest finite value,
+// or NaN (which is also what a quotient that is not finite gives here), i.e. low seven bits
+// 0x7e-0x7f for e4m3, 0x7b-0x7f for e5m2. For every other byte both paths compute the same
+// bits.
+template <typename B>
+constexpr bool kFloat8 = std::is_same_v<B, E4M3> || std::is_same_v<B, E5M2>;
+
+template <typename B, int V, bool kScaled>
+__device__ __forceinline__ bool store_float8_common(B* dst, const float (&f)[V], float scale, float inv) {
+  constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<B, E4M3> ? __NV_E4M3 : __NV_E5M2;
+  constexpr uint32_t kToTopBit = std::is_same_v<B, E4M3> ? 0x02020202u : 0x05050505u;
+  Vec<uint32_t, V / 4> out;
+  uint32_t special = 0;
+#pragma unroll
+  for (int w = 0; w < V / 4; ++w) {
+    float a[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a[i] = kScaled ? finite_quotient(f[4 * w + i], scale, inv) : f[4 * w + i];
+    }
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a[0], a[1]), __NV_SATFINITE, kKind);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(a[2], a[3]), __NV_SATFINITE, kKind);
+    out.v[w] = lo | hi << 16;
+    special |= ((out.v[w] & 0x7f7f7f7fu) + kToTopBit) & 0x80808080u;  // no carry between bytes
+  }
+  if (special != 0) return false;
+  *reinterpret_cast<Vec<uint32_t, V / 4>*>(dst) = out;
+  return true;
+}
+
 // Stores x / scale, converted to the buffer type. Without a scale (1) no division is done:
-// x / 1 is x exactly, and the branch is the same for the whole launch. A division per element
-// costs a float8 store more than its bytes do, so for buffers of 16 bits or fewer the quotient
-// is x * inv (inv = 1 / scale rounded to nearest, from the host) corrected by one fused
-// multiply-add: that is the correctly rounded x / scale wherever it is a normal float
-// (Markstein's theorem), and where it is not (below 2^-126, or past the float range) such
-// buffers round both to the same value. Wider buffers keep the division.
+// x / 1 is x exactly, and the branch is the same for the whole launch; a buffer of x's own type
+// then takes x's bits as they are, with no round trip through float (which would also make a
+// NaN canonical). Buffers of 16 bits or fewer take finite_quotient and its special cases,
+// wider ones the division.
 template <typename B, typename T, int V>
 __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scale, float inv) {
+  if constexpr (std::is_same_v<B, T>) {
+    if (scale == 1.f) {
+      *reinterpret_cast<Vec<B, V>*>(dst) = x;
+      return;
+    }
+  }
   float f[V];
 #pragma unroll
   for (int i = 0; i < V; ++i) f[i] = to_float(x.v[i]);
+  if constexpr (kFloat8<B> && V % 4 == 0) {
+    // Two copies, so that the launch-wide branch on the scale is taken once per row.
+    if (scale != 1.f ? store_float8_common<B, V, true>(dst, f, scale, inv)
+                     : store_float8_common<B, V, false>(dst, f, scale, inv)) {
+      return;
+    }
+  }
   if (scale != 1.f) {
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       if constexpr (sizeof(B) <= 2) {
-        const float q = f[i] * inv;
-        // copysignf keeps the sign of a zero quotient (-0 / s is -0; the correction adds +0).
         // A NaN keeps its own sign (the product's NaN is the device's canonical one), so the
         // store agrees bit for bit with the CPU kernel and with torch on the CPU. Written as
         // selects on comparisons: isfinite/isnan compiled to a branch per element, which made a
         // scaled store of a decode-sized call 0.3-0.4 us slower than an unscaled one.
-        const float corrected = copysignf(__fmaf_rn(__fmaf_rn(-q, scale, f[i]), inv, q), q);
+        const float q = f[i] * inv;
         const float special = f[i] != f[i] ? f[i] : q;  // NaN input: itself; else the inf or NaN product
-        f[i] = fabsf(q) < INFINITY ? corrected : special;
+        f[i] = fabsf(q) < INFINITY ? finite_quotient(f[i], scale, inv) : special;
       } else {
         f[i] = f[i] / scale;
       }
