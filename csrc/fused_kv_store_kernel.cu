@@ -109,17 +109,16 @@ __device__ __forceinline__ float finite_quotient(float x, float scale, float inv
   return copysignf(__fmaf_rn(__fmaf_rn(-q, scale, x), inv, q), q);
 }
 
-// The float8 store of V values (V a multiple of 4) for the common case, in fewer instructions
-// than store_row's general path (at decode sizes the instructions a thread runs after its
-// last load are what a store adds to the call): finite_quotient, the saturating conversion,
-// and the four bytes of each word stored as they come. It stores nothing and returns false
-// when any byte is one the general path may change: saturated or at the largest finite value,
-// or NaN (which is also what a quotient that is not finite gives here), i.e. low seven bits
-// 0x7e-0x7f for e4m3, 0x7b-0x7f for e5m2. For every other byte both paths compute the same
-// bits.
 template <typename B>
 constexpr bool kFloat8 = std::is_same_v<B, E4M3> || std::is_same_v<B, E5M2>;
 
+// The float8 store of V values (V a multiple of 4) for the common case, in fewer instructions
+// than store_row's general path (they run after the thread's last load, at the end of its
+// chain): finite_quotient, the saturating conversion, and the four bytes of each word stored
+// as they come. It stores nothing and returns false when any byte is one the general path may
+// change: saturated or at the largest finite value, or NaN (which is also what a quotient that
+// is not finite gives here), i.e. low seven bits 0x7e-0x7f for e4m3, 0x7b-0x7f for e5m2. For
+// every other byte both paths compute the same bits.
 template <typename B, int V, bool kScaled>
 __device__ __forceinline__ bool store_float8_common(B* dst, const float (&f)[V], float scale, float inv) {
   constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<B, E4M3> ? __NV_E4M3 : __NV_E5M2;
