@@ -6,6 +6,7 @@ the op's own rotated key (key / k_scale in float32, rounded once to the buffer d
 approximately against the float64 reference rotation.
 """
 
+import math
 from typing import Optional
 
 import pytest
@@ -202,6 +203,43 @@ def test_float8_edges_match_torch(device, buffer_dtype, head, v_scale):
     want = _bits(_stored(value.cpu(), v_scale, buffer_dtype))
     got = _bits(_rows(v_buf, kv_heads, head).cpu()[r["loc"].cpu().long()])
     assert torch.equal(got, want)
+
+
+# NaNs with payloads and both signs, as bit patterns of each dtype.
+NAN_BITS = {
+    torch.float32: [0x7F800001, 0xFFC00005, 0x7FC12345],
+    torch.float16: [0x7C01, 0xFE05, 0x7E31],
+    torch.bfloat16: [0x7F81, 0xFFC5, 0x7FC3],
+}
+
+
+def _nans(shape, dtype) -> torch.Tensor:
+    """A CPU tensor of `shape` holding the NaNs of NAN_BITS[dtype] in turn."""
+    width = 8 * dtype.itemsize
+    signed = [b - (1 << width) if b >= 1 << (width - 1) else b for b in NAN_BITS[dtype]]
+    n = math.prod(shape)
+    ints = torch.tensor(signed * (n // len(signed) + 1))[:n].view(shape)
+    return ints.to(torch.int16 if width == 16 else torch.int32).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head", [64, 66])  # 16-byte vectors, and the scalar path
+def test_rows_of_the_keys_dtype_keep_their_bits(device, dtype, head):
+    """No scale and a buffer of the key's dtype: the value and the key's pass-through dims are
+    stored bit for bit, NaN payloads and signs included (no round trip through float)."""
+    tokens, kv_heads, rot_dim = 5, 2, 32
+    r = _run(device, dtype, heads=2, kv_heads=kv_heads, head=head, rot_dim=rot_dim, tokens=tokens)
+    case, k_buf, v_buf, loc = r["case"], r["k_buf"], r["v_buf"], r["loc"]
+    value = torch.randn(tokens, kv_heads, head).to(dtype)
+    value[..., ::7] = _nans(value[..., ::7].shape, dtype)
+    value = value.to(device)
+    key = case.key.unflatten(-1, (kv_heads, head))
+    key[..., rot_dim::5] = _nans(key[..., rot_dim::5].shape, dtype).to(device)
+    key_before = _bits(key)
+    op(case.positions, case.query, case.key, head, case.cos_sin_cache, True, value, k_buf, v_buf, loc)
+    rows = loc.cpu().long()
+    assert torch.equal(_bits(_rows(v_buf, kv_heads, head))[rows], _bits(value))
+    assert torch.equal(_bits(_rows(k_buf, kv_heads, head))[rows][..., rot_dim:], key_before[..., rot_dim:])
 
 
 @pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
