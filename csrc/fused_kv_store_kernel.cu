@@ -192,53 +192,25 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
   *reinterpret_cast<Vec<B, V>*>(dst) = out;
 }
 
-// cos and sin of pairs [idx, idx + V) of a cache row (offset: where pair idx is), as floats;
-// the cache dtype is a launch constant, so the branch is uniform.
-template <int V>
-__device__ __forceinline__ void load_cs(const RotaryParams& p, int64_t offset, int32_t half, float (&c)[V],
-                                        float (&sn)[V]) {
-  switch (p.cache_dtype) {
-    case DType::kFloat32: load_cos_sin<float, V>(static_cast<const float*>(p.cache) + offset, half, c, sn); break;
-    case DType::kFloat16: load_cos_sin<__half, V>(static_cast<const __half*>(p.cache) + offset, half, c, sn); break;
-    case DType::kBFloat16:
-      load_cos_sin<__nv_bfloat16, V>(static_cast<const __nv_bfloat16*>(p.cache) + offset, half, c, sn);
-      break;
-    case DType::kFloat64: load_cos_sin<double, V>(static_cast<const double*>(p.cache) + offset, half, c, sn); break;
+// The cos/sin of pairs [first, first + N) from the token's one cache row (rows[0]): the
+// non-MRoPE counterpart of MropeCosSin, with its interface.
+template <typename CT, int N>
+struct OneRow {
+  Stored<CT, N> c, s;
+  __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
+                                       int32_t first, int32_t half, const Sections&) {
+    const CT* r = cache + rows[0] * row_stride + first;
+    c = *reinterpret_cast<const Stored<CT, N>*>(r);
+    s = *reinterpret_cast<const Stored<CT, N>*>(r + half);
   }
-}
-
-// MRoPE: cos and sin of pairs [first, first + V), pair i from the cache row of its section
-// (MropeCosSin's per-pair loads: the pairs of one vector may come from up to three rows).
-template <typename CT, int V>
-__device__ __forceinline__ void load_cs_mrope_typed(const void* cache, int64_t row_stride, const int64_t (&rows)[3],
-                                                    int32_t first, int32_t half, const Sections& sec, float (&c)[V],
-                                                    float (&sn)[V]) {
-  MropeCosSin<CT, V, true> cs;
-  cs.load(static_cast<const CT*>(cache), row_stride, rows, first, half, sec);
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    c[i] = cs.cos(i);
-    sn[i] = cs.sin(i);
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void load_cs_mrope(const RotaryParams& p, const int64_t (&rows)[3], int32_t first,
-                                              int32_t half, const Sections& sec, float (&c)[V], float (&sn)[V]) {
-  switch (p.cache_dtype) {
-    case DType::kFloat32: load_cs_mrope_typed<float, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn); break;
-    case DType::kFloat16: load_cs_mrope_typed<__half, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn); break;
-    case DType::kBFloat16:
-      load_cs_mrope_typed<__nv_bfloat16, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn);
-      break;
-    case DType::kFloat64: load_cs_mrope_typed<double, V>(p.cache, p.cache_row_stride, rows, first, half, sec, c, sn); break;
-  }
-}
+  __device__ __forceinline__ float cos(int k) const { return c.get(k); }
+  __device__ __forceinline__ float sin(int k) const { return s.get(k); }
+};
 
 // kMrope: the MRoPE op (mrope_rotary_embedding_set_kv). positions is the temporal row of
 // [3, T] (seq_len = T), and pair i takes its cos/sin from the row of its section; everything
 // else, the store included, is the plain op's.
-template <typename T, typename B, int V, bool kMrope>
+template <typename T, typename B, typename CT, int V, bool kMrope, bool kRowFirst>
 __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, const KvStoreParams s,
                                                         const SetKvLaunch l) {
   const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^31: the host splits launches
@@ -270,22 +242,33 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     // NeoX pairs (i, i + half): vector j of each half. GPT-J pairs (2i, 2i + 1): vectors 2j, 2j + 1.
     const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
     const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
-    Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
     // A position outside the cache (for MRoPE, any of the three) leaves the token unrotated
     // (as the rotary kernels do); its key is still stored as it is.
     bool in_cache = true;
 #pragma unroll
     for (int i = 0; i < (kMrope ? 3 : 1); ++i) in_cache = in_cache && rows[i] >= 0 && rows[i] < p.cache_rows;
+    // Load order. kRowFirst (calls of one wave, where latency sets the time): the thread waits
+    // for its position, then issues the cache loads and only then the q/k loads, as the plain
+    // kernel's one-head path does; the rows end the longest chain (position, then row), and
+    // issued behind the q/k loads they waited for them. Larger calls are bandwidth-bound: there
+    // the q/k loads go out first, before the position arrives, which measured faster.
+    // Either way the cos/sin are converted only where the arithmetic needs them.
+    std::conditional_t<kMrope, MropeCosSin<CT, V, true>, OneRow<CT, V>> cs;
+    Vec<T, V> x, y;
+    if constexpr (kRowFirst) {
+      if (in_cache) cs.load(static_cast<const CT*>(p.cache), p.cache_row_stride, rows, j * V, half, l.sec);
+      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+    } else {
+      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+      if (in_cache) cs.load(static_cast<const CT*>(p.cache), p.cache_row_stride, rows, j * V, half, l.sec);
+    }
     if (in_cache) {
+      const float sign = p.inverse ? -1.f : 1.f;
       float c[V], sn[V];
-      if constexpr (kMrope) {
-        load_cs_mrope<V>(p, rows, j * V, half, l.sec, c, sn);
-      } else {
-        load_cs<V>(p, row * p.cache_row_stride + j * V, half, c, sn);
-      }
-      if (p.inverse) {
 #pragma unroll
-        for (int i = 0; i < V; ++i) sn[i] = -sn[i];
+      for (int i = 0; i < V; ++i) {
+        c[i] = cs.cos(i);
+        sn[i] = sign * cs.sin(i);  // exact: sign is +1 or -1
       }
       rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     }
@@ -317,7 +300,7 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
                      s.v_scale, s.v_inv_scale);
 }
 
-template <typename T, typename B, int V>
+template <typename T, typename B, typename CT, int V>
 int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream, int device) {
   const int32_t rot_per_head = p.rot_dim / 2 / V;
   const int32_t pass_per_head = (s.head_size - p.rot_dim) / V;
@@ -335,13 +318,18 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
   l.positions_row_stride = m ? m->positions_row_stride : 0;
   l.sec = m ? make_sections(*m) : Sections{};
   const Target target{stream, device};
+  const int64_t resident = static_cast<int64_t>(num_sms(device)) * 2048;  // threads the GPU holds at once
   const int64_t per_launch = tokens_per_launch(per_token);
   for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);
     l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * per_token;
-    const cudaError_t err = m ? launch_pdl(set_kv_kernel<T, B, V, true>, threads, target, p, s, l)
-                              : launch_pdl(set_kv_kernel<T, B, V, false>, threads, target, p, s, l);
+    const bool row_first = threads <= resident;
+    const cudaError_t err =
+        m ? (row_first ? launch_pdl(set_kv_kernel<T, B, CT, V, true, true>, threads, target, p, s, l)
+                       : launch_pdl(set_kv_kernel<T, B, CT, V, true, false>, threads, target, p, s, l))
+          : (row_first ? launch_pdl(set_kv_kernel<T, B, CT, V, false, true>, threads, target, p, s, l)
+                       : launch_pdl(set_kv_kernel<T, B, CT, V, false, false>, threads, target, p, s, l));
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;
@@ -369,26 +357,40 @@ bool store_allows(const RotaryParams& p, const KvStoreParams& s, int v) {
          (s.v_row_stride * bes) % ba == 0 && (s.v_head_stride_buf * bes) % ba == 0;
 }
 
-template <typename T, typename B>
+template <typename T, typename B, typename CT>
 int dispatch_width(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream,
                    int device) {
   // Two widths only, to keep the number of kernels small: 16-byte q/k/v vectors, or scalars
   // for heads and strides that do not allow them.
   constexpr int kWide = 16 / sizeof(T);
-  if (vector_width(p) >= kWide && store_allows(p, s, kWide)) return launch<T, B, kWide>(p, s, m, stream, device);
-  return launch<T, B, 1>(p, s, m, stream, device);
+  if (vector_width(p) >= kWide && store_allows(p, s, kWide)) return launch<T, B, CT, kWide>(p, s, m, stream, device);
+  return launch<T, B, CT, 1>(p, s, m, stream, device);
+}
+
+// The cache type is a template parameter rather than a branch in the kernel: a kernel with all
+// four cache loads in it was slower at decode sizes (benchmarks/studies/results/fused_floor.txt).
+template <typename T, typename B>
+int dispatch_cache(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream,
+                   int device) {
+  switch (p.cache_dtype) {
+    case DType::kFloat32: return dispatch_width<T, B, float>(p, s, m, stream, device);
+    case DType::kFloat16: return dispatch_width<T, B, __half>(p, s, m, stream, device);
+    case DType::kBFloat16: return dispatch_width<T, B, __nv_bfloat16>(p, s, m, stream, device);
+    case DType::kFloat64: return dispatch_width<T, B, double>(p, s, m, stream, device);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 template <typename T>
 int dispatch_buffer(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream,
                     int device) {
   switch (s.buffer_dtype) {
-    case BufferDType::kFloat32: return dispatch_width<T, float>(p, s, m, stream, device);
-    case BufferDType::kFloat16: return dispatch_width<T, __half>(p, s, m, stream, device);
-    case BufferDType::kBFloat16: return dispatch_width<T, __nv_bfloat16>(p, s, m, stream, device);
-    case BufferDType::kFloat64: return dispatch_width<T, double>(p, s, m, stream, device);
-    case BufferDType::kFloat8E4M3: return dispatch_width<T, E4M3>(p, s, m, stream, device);
-    case BufferDType::kFloat8E5M2: return dispatch_width<T, E5M2>(p, s, m, stream, device);
+    case BufferDType::kFloat32: return dispatch_cache<T, float>(p, s, m, stream, device);
+    case BufferDType::kFloat16: return dispatch_cache<T, __half>(p, s, m, stream, device);
+    case BufferDType::kBFloat16: return dispatch_cache<T, __nv_bfloat16>(p, s, m, stream, device);
+    case BufferDType::kFloat64: return dispatch_cache<T, double>(p, s, m, stream, device);
+    case BufferDType::kFloat8E4M3: return dispatch_cache<T, E4M3>(p, s, m, stream, device);
+    case BufferDType::kFloat8E5M2: return dispatch_cache<T, E5M2>(p, s, m, stream, device);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
