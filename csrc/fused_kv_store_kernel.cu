@@ -192,21 +192,6 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
   *reinterpret_cast<Vec<B, V>*>(dst) = out;
 }
 
-// The cos/sin of pairs [first, first + N) from the token's one cache row (rows[0]): the
-// non-MRoPE counterpart of MropeCosSin, with its interface.
-template <typename CT, int N>
-struct OneRow {
-  Stored<CT, N> c, s;
-  __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
-                                       int32_t first, int32_t half, const Sections&) {
-    const CT* r = cache + rows[0] * row_stride + first;
-    c = *reinterpret_cast<const Stored<CT, N>*>(r);
-    s = *reinterpret_cast<const Stored<CT, N>*>(r + half);
-  }
-  __device__ __forceinline__ float cos(int k) const { return c.get(k); }
-  __device__ __forceinline__ float sin(int k) const { return s.get(k); }
-};
-
 // kMrope: the MRoPE op (mrope_rotary_embedding_set_kv). positions is the temporal row of
 // [3, T] (seq_len = T), and pair i takes its cos/sin from the row of its section; everything
 // else, the store included, is the plain op's.
@@ -253,14 +238,22 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     // issued behind the q/k loads they waited for them. Larger calls are bandwidth-bound: there
     // the q/k loads go out first, before the position arrives, which measured faster.
     // Either way the cos/sin are converted only where the arithmetic needs them.
-    std::conditional_t<kMrope, MropeCosSin<CT, V, true>, OneRow<CT, V>> cs;
+    std::conditional_t<kMrope, MropeCosSin<CT, V, true>, CosSinRow<CT, V>> cs;
+    const CT* const cache = static_cast<const CT*>(p.cache);
+    const auto load_cos_sin = [&] {
+      if constexpr (kMrope) {
+        cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
+      } else {
+        cs.load(cache + row * p.cache_row_stride + j * V, half);
+      }
+    };
     Vec<T, V> x, y;
     if constexpr (kRowFirst) {
-      if (in_cache) cs.load(static_cast<const CT*>(p.cache), p.cache_row_stride, rows, j * V, half, l.sec);
+      if (in_cache) load_cos_sin();
       x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
     } else {
       x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
-      if (in_cache) cs.load(static_cast<const CT*>(p.cache), p.cache_row_stride, rows, j * V, half, l.sec);
+      if (in_cache) load_cos_sin();
     }
     if (in_cache) {
       const float sign = p.inverse ? -1.f : 1.f;
@@ -318,7 +311,7 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
   l.positions_row_stride = m ? m->positions_row_stride : 0;
   l.sec = m ? make_sections(*m) : Sections{};
   const Target target{stream, device};
-  const int64_t resident = static_cast<int64_t>(num_sms(device)) * 2048;  // threads the GPU holds at once
+  const int64_t resident = resident_threads(device);
   const int64_t per_launch = tokens_per_launch(per_token);
   for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);

@@ -129,6 +129,20 @@ struct alignas(2 * N < 16 ? 2 * N : 16) Stored<CT, N, true> {
   }
 };
 
+// The cos/sin of N consecutive pairs from one cache row (`[cos | sin]`, `half` apart), kept as
+// stored: a thread issues these loads before it waits on anything and converts them only where
+// the arithmetic uses them, so that no load waits for another (rotary_embedding_kernel.cu).
+template <typename CT, int N>
+struct CosSinRow {
+  Stored<CT, N> c, s;
+  __device__ __forceinline__ void load(const CT* at, int32_t half) {
+    c = *reinterpret_cast<const Stored<CT, N>*>(at);
+    s = *reinterpret_cast<const Stored<CT, N>*>(at + half);
+  }
+  __device__ __forceinline__ float cos(int k) const { return c.get(k); }
+  __device__ __forceinline__ float sin(int k) const { return s.get(k); }
+};
+
 template <bool kNeox, typename T, int V>
 __device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V], const float (&sn)[V]) {
 #pragma unroll
@@ -182,6 +196,10 @@ inline int num_sms(int dev) {
   }
   return cached[dev];
 }
+
+// Threads the GPU holds at once (2048 per multiprocessor on sm_80 and newer): a call of at most
+// this many runs in one wave, where latency rather than bandwidth sets its time.
+inline int64_t resident_threads(int dev) { return static_cast<int64_t>(num_sms(dev)) * 2048; }
 
 // Programmatic dependent launch (Hopper and newer): the kernel may be scheduled while the
 // previous kernel in the stream is still running, which hides the launch latency of
@@ -248,8 +266,7 @@ inline int64_t tokens_per_launch(int64_t units_per_token) {
 // sequence (benchmarks/studies/results/h200_launch_limits.txt).
 inline int64_t heads_per_thread(const RotaryParams& p, int32_t units_per_head, int device) {
   const int64_t work = static_cast<int64_t>(p.num_tokens) * total_heads(p) * units_per_head;
-  const int64_t resident = static_cast<int64_t>(num_sms(device)) * 2048;
-  return work < 8 * resident ? 1 : 4;
+  return work < 8 * resident_threads(device) ? 1 : 4;
 }
 
 // Vector width for a rotation call: the widest the pointers and strides allow, except that a

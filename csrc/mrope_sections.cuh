@@ -52,17 +52,12 @@ template <typename CT, int N, bool kGather>
 struct MropeCosSin;
 
 template <typename CT, int N>
-struct MropeCosSin<CT, N, false> {
-  Stored<CT, N> c, s;
+struct MropeCosSin<CT, N, false> : CosSinRow<CT, N> {
   __device__ __forceinline__ void load(const CT* cache, int64_t row_stride, const int64_t (&rows)[3],
                                        int32_t first, int32_t half, const Sections& sec) {
     const int sid = section_of(sec, first);
-    const CT* r = cache + (sid == 0 ? rows[0] : sid == 1 ? rows[1] : rows[2]) * row_stride + first;
-    c = *reinterpret_cast<const Stored<CT, N>*>(r);
-    s = *reinterpret_cast<const Stored<CT, N>*>(r + half);
+    CosSinRow<CT, N>::load(cache + (sid == 0 ? rows[0] : sid == 1 ? rows[1] : rows[2]) * row_stride + first, half);
   }
-  __device__ __forceinline__ float cos(int k) const { return c.get(k); }
-  __device__ __forceinline__ float sin(int k) const { return s.get(k); }
 };
 
 template <typename CT, int N>

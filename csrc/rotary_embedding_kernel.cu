@@ -73,9 +73,8 @@ __global__ void __launch_bounds__(kBlock)
     // are issued, or the thread would wait for it there (benchmarks/studies/sass_waits.py shows
     // where it waits): it is converted, and the inverse rotation's sign applied, in the arithmetic.
     if (row < 0 || row >= p.cache_rows) return;  // rows outside the cache are never read
-    const CT* cache_row = static_cast<const CT*>(p.cache) + row * p.cache_row_stride + j * V;
-    const Stored<CT, V> cv = *reinterpret_cast<const Stored<CT, V>*>(cache_row);
-    const Stored<CT, V> sv = *reinterpret_cast<const Stored<CT, V>*>(cache_row + half);
+    CosSinRow<CT, V> cs;
+    cs.load(static_cast<const CT*>(p.cache) + row * p.cache_row_stride + j * V, half);
     T* const head = group < p.num_heads ? q_tok + group * p.q_head_stride
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
     Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
@@ -83,8 +82,8 @@ __global__ void __launch_bounds__(kBlock)
     float c[V], sn[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
-      c[i] = cv.get(i);
-      sn[i] = sign * sv.get(i);  // exact: sign is +1 or -1
+      c[i] = cs.cos(i);
+      sn[i] = sign * cs.sin(i);  // exact: sign is +1 or -1
     }
     rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     return;
