@@ -155,10 +155,10 @@ __device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V],
   }
 }
 
-// Rotates the two vectors x (at head + e1) and y (at head + e2) of one head and stores them.
+// Rotates the two vectors x and y of one head in registers.
 template <typename T, int V>
-__device__ __forceinline__ void rotate_store(T* head, int32_t e1, int32_t e2, Vec<T, V>& x, Vec<T, V>& y,
-                                             const float (&c)[V], const float (&sn)[V], bool neox) {
+__device__ __forceinline__ void rotate(Vec<T, V>& x, Vec<T, V>& y, const float (&c)[V], const float (&sn)[V],
+                                       bool neox) {
   // The 2V elements [x | y]: NeoX pairs (i, V + i), GPT-J pairs (2i, 2i + 1).
   T run[2 * V];
 #pragma unroll
@@ -177,6 +177,13 @@ __device__ __forceinline__ void rotate_store(T* head, int32_t e1, int32_t e2, Ve
     x.v[i] = run[i];
     y.v[i] = run[V + i];
   }
+}
+
+// Rotates the two vectors x (at head + e1) and y (at head + e2) of one head and stores them.
+template <typename T, int V>
+__device__ __forceinline__ void rotate_store(T* head, int32_t e1, int32_t e2, Vec<T, V>& x, Vec<T, V>& y,
+                                             const float (&c)[V], const float (&sn)[V], bool neox) {
+  rotate<T, V>(x, y, c, sn, neox);
   store_stream<T, V>(head + e1, x);
   store_stream<T, V>(head + e2, y);
 }

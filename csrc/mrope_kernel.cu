@@ -30,8 +30,9 @@ struct Launch {
   Sections sec;
 };
 
-template <typename T, typename CT, int V, int kHeadsPerBatch, bool kGather>
+template <typename T, typename CT, int V, int kHeadsPerBatch, bool kGather, bool kQkFirst = false>
 __global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, const Launch l) {
+  static_assert(!kQkFirst || (kHeadsPerBatch == 1 && kGather), "q/k first: the one-head gather kernel only");
   const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t local_token = l.units_per_token.div(unit);
   const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
@@ -61,19 +62,39 @@ __global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, con
                         rows[2] >= 0 && rows[2] < p.cache_rows;
 
   if constexpr (kHeadsPerBatch == 1) {
-    // Small calls, one head per thread: the cache loads go out before the q/k loads.
-    if (!in_cache) return;
+    // Small calls, one head per thread. One row (two vector loads): the cache loads go out
+    // before the q/k loads, as in the plain kernel. Per-pair loads (kGather) in a call of one
+    // wave (kQkFirst): the q/k loads go out first, before the positions arrive, and the V
+    // scalar loads behind them; issued first, those scalar loads held back the q/k loads. In
+    // larger calls that order measured slower (benchmarks/studies/results/mrope_vs_plain.txt).
     T* const head = group < p.num_heads ? q_tok + group * p.q_head_stride
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
     MropeCosSin<CT, V, kGather> cs;
-    cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
-    Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+    Vec<T, V> x, y;
+    if constexpr (kQkFirst) {
+      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+      if (in_cache) cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
+    } else {
+      if (!in_cache) return;
+      cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
+      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+    }
     const float sign = p.inverse ? -1.f : 1.f;
     float c[V], sn[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
-      c[i] = cs.cos(i);
-      sn[i] = sign * cs.sin(i);  // exact: sign is +1 or -1
+      c[i] = in_cache ? cs.cos(i) : 1.f;
+      sn[i] = in_cache ? sign * cs.sin(i) : 0.f;  // exact: sign is +1 or -1
+    }
+    if constexpr (kQkFirst) {
+      // Every path stores, a token outside the cache its loaded bits unchanged: the compiler
+      // moves a load whose value one path never uses below the branch to the other path, where
+      // it would wait for the positions again. No branch, no such move.
+      Vec<T, V> rx = x, ry = y;
+      rotate<T, V>(rx, ry, c, sn, p.is_neox);
+      store_stream<T, V>(head + e1, in_cache ? rx : x);
+      store_stream<T, V>(head + e2, in_cache ? ry : y);
+      return;
     }
     rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     return;
@@ -130,9 +151,14 @@ __global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, con
 template <typename T, typename CT, int V, bool kGather>
 cudaError_t launch_kernel(int64_t per_thread, int32_t units_per_head, int64_t threads, const Target& t,
                           const RotaryParams& p, const Launch& l) {
-  return per_thread == 1      ? launch_pdl(mrope_kernel<T, CT, V, 1, kGather>, threads, t, p, l)
-         : units_per_head >= 8 ? launch_pdl(mrope_kernel<T, CT, V, 2, kGather>, threads, t, p, l)
-                               : launch_pdl(mrope_kernel<T, CT, V, 4, kGather>, threads, t, p, l);
+  if (per_thread == 1) {
+    if constexpr (kGather) {
+      if (threads <= resident_threads(t.device)) return launch_pdl(mrope_kernel<T, CT, V, 1, true, true>, threads, t, p, l);
+    }
+    return launch_pdl(mrope_kernel<T, CT, V, 1, kGather>, threads, t, p, l);
+  }
+  return units_per_head >= 8 ? launch_pdl(mrope_kernel<T, CT, V, 2, kGather>, threads, t, p, l)
+                             : launch_pdl(mrope_kernel<T, CT, V, 4, kGather>, threads, t, p, l);
 }
 
 // The plain kernel's launch choices (one head per thread for small calls, 2 or 4 heads per

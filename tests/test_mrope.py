@@ -371,6 +371,34 @@ def test_cuda_out_of_range_token_untouched():
 
 @gpu
 @needs_kernel
+@pytest.mark.parametrize("config", ["qwen3-vl-8b", "qwen2.5-vl-7b"])
+@pytest.mark.parametrize("tokens", [40, 1024, 9000])
+def test_cuda_out_of_range_tokens_keep_their_bits(config, tokens):
+    """A token with a position outside the cache comes back bit for bit, inf and NaN included,
+    on every launch path (one wave, where the interleaved kernel loads q/k before the positions;
+    one head per thread beyond it; several heads per thread), and the other tokens rotate."""
+    positions, q, k, head_size, cache, sections, inter = make_mrope(
+        config, tokens=tokens, dtype=torch.bfloat16, layout="fused_heads", device="cuda")
+    bad = [3, tokens - 2]
+    valid = positions.clone()
+    positions[1, bad[0]] = cache.shape[0]
+    positions[2, bad[1]] = -1
+    specials = torch.tensor([float("inf"), float("-inf"), float("nan")], dtype=q.dtype, device="cuda")
+    for t in bad:
+        q[t, 0, :3] = specials
+        k[t, -1, -3:] = specials
+    want_q, want_k = mrope_reference(valid, q, k, head_size, cache, True, sections, inter)
+    q0, k0 = q.clone(), k.clone()
+    op(positions, q, k, head_size, cache, True, sections, inter)
+    bits = lambda x: x.contiguous().view(torch.int16)  # noqa: E731
+    assert torch.equal(bits(q[bad]), bits(q0[bad])) and torch.equal(bits(k[bad]), bits(k0[bad]))
+    good = [t for t in range(tokens) if t not in bad]
+    assert_matches_reference(q[good], want_q[good])
+    assert_matches_reference(k[good], want_k[good])
+
+
+@gpu
+@needs_kernel
 @pytest.mark.parametrize("name,args,exc,match", BAD, ids=[b[0] for b in BAD])
 def test_cuda_errors_same_as_cpu(name, args, exc, match):
     cuda_args = {b[0]: b[1] for b in _bad_calls("cuda")}[name]
