@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     // Either way the cos/sin are converted only where the arithmetic needs them.
     std::conditional_t<kMrope, MropeCosSin<CT, V, true>, CosSinRow<CT, V>> cs;
     const CT* const cache = static_cast<const CT*>(p.cache);
-    const auto load_cos_sin = [&] {
+    const auto issue_cos_sin = [&] {  // kept as stored (not detail::load_cos_sin, which converts)
       if constexpr (kMrope) {
         cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
       } else {
@@ -249,11 +249,11 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     };
     Vec<T, V> x, y;
     if constexpr (kRowFirst) {
-      if (in_cache) load_cos_sin();
+      if (in_cache) issue_cos_sin();
       x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
     } else {
       x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
-      if (in_cache) load_cos_sin();
+      if (in_cache) issue_cos_sin();
     }
     if (in_cache) {
       const float sign = p.inverse ? -1.f : 1.f;
