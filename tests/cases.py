@@ -12,6 +12,13 @@ import torch
 LAYOUTS = ("flat", "heads", "fused_flat", "fused_heads")
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bits of `t` on the CPU as integers of its width, for bit-exact comparisons of any
+    dtype (float8 included; NaN payloads and signed zeros compare as themselves)."""
+    t = t.detach().cpu().contiguous()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 @dataclass
 class Case:
     positions: torch.Tensor

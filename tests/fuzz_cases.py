@@ -22,6 +22,7 @@ from typing import Callable, List, Optional, Protocol, Sequence, Tuple, TypeVar
 import torch
 
 import rope_compat
+from cases import bits
 from reference import rope_reference
 
 T = TypeVar("T")
@@ -217,10 +218,6 @@ class Outcome:
         return float((err / (tolerance["atol"] + tolerance["rtol"] * self.expected.abs())).max())
 
 
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
-
-
 def run_spec(s: FuzzSpec, device: str) -> Outcome:
     """Build the case on the CPU (seeded), run the op on `device`, compare with the reference."""
     g = torch.Generator().manual_seed(s.seed)
@@ -250,7 +247,7 @@ def run_spec(s: FuzzSpec, device: str) -> Outcome:
         m[stray] = False
         e.copy_(ref)
     after = [p.cpu() for p in parents]
-    changed = sum(int(((_bits(a) != _bits(b)) & ~m).sum()) for a, b, m in zip(after, before, mask))
+    changed = sum(int(((bits(a) != bits(b)) & ~m).sum()) for a, b, m in zip(after, before, mask))
     return Outcome(
         spec=s,
         actual=torch.cat([a[m].double() for a, m in zip(after, mask)]),

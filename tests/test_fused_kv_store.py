@@ -15,7 +15,7 @@ import torch
 import rope_compat
 from rope_compat.ops import extension
 
-from cases import make_case
+from cases import bits, make_case
 from reference import rope_reference
 from tolerances import assert_matches_reference
 
@@ -31,12 +31,6 @@ BUFFER_TOL = {
     torch.float8_e4m3fn: dict(rtol=0.075, atol=2e-2),
     torch.float8_e5m2: dict(rtol=0.14, atol=2e-2),
 }
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of `t` on the CPU, for bit-exact comparisons of any dtype (float8 included)."""
-    t = t.detach().cpu().contiguous()
-    return t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else torch.int64)
 
 
 def _buffer(rows: int, kv_heads: int, head: int, dtype, layout: str, device) -> torch.Tensor:
@@ -115,18 +109,18 @@ def _check(r, duplicates_ok: bool = False) -> None:
         src_rows = src.reshape(tokens, kv_heads, head).cpu()
         exact = _stored(src_rows, scale, buf.dtype)
         approx = want.reshape(tokens, kv_heads, head).cpu() / (scale or 1.0)
-        expected = _bits(before).clone()
+        expected = bits(before).clone()
         written = torch.zeros(got.shape[0], dtype=torch.bool)
         for t, row in enumerate(loc.tolist()):
             if 0 <= row < got.shape[0]:
-                expected[row] = _bits(exact[t])
+                expected[row] = bits(exact[t])
                 written[row] = True
                 if not duplicates_ok:
                     tol = {k: max(BUFFER_TOL[buf.dtype][k], BUFFER_TOL[src.dtype][k]) for k in ("rtol", "atol")}
                     torch.testing.assert_close(
                         got[row].double(), approx[t], **tol, msg=lambda m, name=name, row=row: f"{name} row {row}: {m}"
                     )
-        got_bits = _bits(got)
+        got_bits = bits(got)
         assert torch.equal(got_bits[~written], expected[~written]), f"{name}: an unnamed row changed"
         if not duplicates_ok:
             assert torch.equal(got_bits[written], expected[written]), f"{name}: stored rows differ"
@@ -134,7 +128,7 @@ def _check(r, duplicates_ok: bool = False) -> None:
             for row in loc.unique().tolist():
                 if not 0 <= row < got.shape[0]:
                     continue
-                candidates = torch.stack([_bits(exact[t]) for t in (loc == row).nonzero().flatten().tolist()])
+                candidates = torch.stack([bits(exact[t]) for t in (loc == row).nonzero().flatten().tolist()])
                 assert (candidates == got_bits[row]).any(0).all(), f"{name} row {row}: not any token's element"
 
 
@@ -200,8 +194,8 @@ def test_float8_edges_match_torch(device, buffer_dtype, head, v_scale):
     case = r["case"]
     op(case.positions, case.query, case.key, head, case.cos_sin_cache, True, value, k_buf, v_buf, r["loc"],
        None, v_scale)
-    want = _bits(_stored(value.cpu(), v_scale, buffer_dtype))
-    got = _bits(_rows(v_buf, kv_heads, head).cpu()[r["loc"].cpu().long()])
+    want = bits(_stored(value.cpu(), v_scale, buffer_dtype))
+    got = bits(_rows(v_buf, kv_heads, head).cpu()[r["loc"].cpu().long()])
     assert torch.equal(got, want)
 
 
@@ -235,11 +229,11 @@ def test_rows_of_the_keys_dtype_keep_their_bits(device, dtype, head):
     value = value.to(device)
     key = case.key.unflatten(-1, (kv_heads, head))
     key[..., rot_dim::5] = _nans(key[..., rot_dim::5].shape, dtype).to(device)
-    key_before = _bits(key)
+    key_before = bits(key)
     op(case.positions, case.query, case.key, head, case.cos_sin_cache, True, value, k_buf, v_buf, loc)
     rows = loc.cpu().long()
-    assert torch.equal(_bits(_rows(v_buf, kv_heads, head))[rows], _bits(value))
-    assert torch.equal(_bits(_rows(k_buf, kv_heads, head))[rows][..., rot_dim:], key_before[..., rot_dim:])
+    assert torch.equal(bits(_rows(v_buf, kv_heads, head))[rows], bits(value))
+    assert torch.equal(bits(_rows(k_buf, kv_heads, head))[rows][..., rot_dim:], key_before[..., rot_dim:])
 
 
 @pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
@@ -265,7 +259,7 @@ def test_paged_buffers_use_slot_index(device):
     _check(r)
     page, slot = 13 // 4, 13 % 4
     got = r["k_buf"][page, slot].cpu()
-    assert torch.equal(_bits(got), _bits(_stored(r["case"].key.reshape(5, 2, 64)[4].cpu(), 0.25, got.dtype)))
+    assert torch.equal(bits(got), bits(_stored(r["case"].key.reshape(5, 2, 64)[4].cpu(), 0.25, got.dtype)))
 
 
 def test_two_dim_positions(device):
@@ -307,8 +301,8 @@ def test_public_api_routes_scales_to_the_op(device):
     rope_compat.apply_rope_with_cos_sin_cache_inplace(
         case.positions, case.query, case.key, 64, case.cos_sin_cache, True, fused_set_kv_buffer_arg=arg
     )
-    assert torch.equal(_bits(k_buf[loc.long()]), _bits(_stored(case.key.view(7, 2, 64), 0.5, k_buf.dtype)))
-    assert torch.equal(_bits(v_buf[loc.long()]), _bits(_stored(value, 2.0, v_buf.dtype)))
+    assert torch.equal(bits(k_buf[loc.long()]), bits(_stored(case.key.view(7, 2, 64), 0.5, k_buf.dtype)))
+    assert torch.equal(bits(v_buf[loc.long()]), bits(_stored(value, 2.0, v_buf.dtype)))
 
 
 # ---- Errors: each bad input itself, raised before anything is written, same on every device.
@@ -356,7 +350,7 @@ def test_bad_input_raises_before_anything_is_written(device, name, bad, exc, mat
            args["v_buffer"], args["cache_loc"], args["k_scale"], args["v_scale"], 0)
     after = [t for t in (case.query, case.key, args["k_buffer"], args["v_buffer"]) if t.device.type != "meta"]
     for old, new in zip(before, after):
-        assert torch.equal(_bits(old), _bits(new))
+        assert torch.equal(bits(old), bits(new))
 
 
 def test_fake_impl_checks_too():
@@ -398,7 +392,7 @@ def _compiled_block(device, backend):
     want = block(*eager_inputs)
     torch.testing.assert_close(out, want)
     for got, exp in zip(inputs, eager_inputs):
-        assert torch.equal(_bits(got), _bits(exp))
+        assert torch.equal(bits(got), bits(exp))
 
 
 def test_torch_compile_fullgraph_cpu():
@@ -444,7 +438,7 @@ def test_cuda_graph_capture(buffer_dtype):
     q_e, k_e, kb_e, vb_e = q0.clone(), k0.clone(), kb0.clone(), vb0.clone()
     op(case.positions, q_e, k_e, 128, case.cos_sin_cache, True, value, kb_e, vb_e, new_loc, 0.5, 0.25)
     for got, exp in ((case.query, q_e), (case.key, k_e), (k_buf, kb_e), (v_buf, vb_e)):
-        assert torch.equal(_bits(got), _bits(exp))
+        assert torch.equal(bits(got), bits(exp))
 
 
 @pytest.mark.gpu

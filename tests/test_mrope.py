@@ -15,7 +15,7 @@ import rope_compat
 from rope_compat.ops import extension
 from rope_compat.ops.mrope import check_mrope_args
 
-from cases import _qk, random_cache
+from cases import _qk, bits, random_cache
 from reference import mrope_pair_sections, mrope_reference
 from tolerances import assert_matches_reference
 
@@ -390,7 +390,6 @@ def test_cuda_out_of_range_tokens_keep_their_bits(config, tokens):
     want_q, want_k = mrope_reference(valid, q, k, head_size, cache, True, sections, inter)
     q0, k0 = q.clone(), k.clone()
     op(positions, q, k, head_size, cache, True, sections, inter)
-    bits = lambda x: x.contiguous().view(torch.int16)  # noqa: E731
     assert torch.equal(bits(q[bad]), bits(q0[bad])) and torch.equal(bits(k[bad]), bits(k0[bad]))
     good = [t for t in range(tokens) if t not in bad]
     assert_matches_reference(q[good], want_q[good])

@@ -15,9 +15,9 @@ import torch
 import rope_compat
 from rope_compat.ops import extension
 
-from cases import _qk, random_cache
+from cases import _qk, bits, random_cache
 from reference import mrope_reference
-from test_fused_kv_store import BAD as STORE_BAD, FP8, _bits, _buffer, _check as _check_store, _rows, _stored
+from test_fused_kv_store import BAD as STORE_BAD, FP8, _buffer, _check as _check_store, _rows, _stored
 from test_mrope import CONFIGS
 from tolerances import assert_matches_reference
 
@@ -130,7 +130,7 @@ def test_paged_buffers_use_slot_index(device):
     _check_store(r)
     got = r["k_buf"][13 // 4, 13 % 4].cpu()
     want = _stored(r["case"].key.reshape(5, 2, 128)[4].cpu(), 0.25, got.dtype)
-    assert torch.equal(_bits(got), _bits(want))
+    assert torch.equal(bits(got), bits(want))
 
 
 def test_is_mrope_then_store(device):
@@ -146,7 +146,7 @@ def test_is_mrope_then_store(device):
     rows = lambda b: _rows(b, a["kv_heads"], a["head"])  # noqa: E731
     rows(kb2)[loc] = _stored(k2.reshape(21, a["kv_heads"], a["head"]), 0.5, kb2.dtype)
     rows(vb2)[loc] = _stored(a["value"].reshape(21, a["kv_heads"], a["head"]), 2.0, vb2.dtype)
-    assert torch.equal(_bits(a["k_buf"]), _bits(kb2)) and torch.equal(_bits(a["v_buf"]), _bits(vb2))
+    assert torch.equal(bits(a["k_buf"]), bits(kb2)) and torch.equal(bits(a["v_buf"]), bits(vb2))
 
     b = _inputs(device, tokens=9, config="odd-contig")
     b["positions"] = b["positions"][:1].expand(3, -1).contiguous()
@@ -155,26 +155,26 @@ def test_is_mrope_then_store(device):
     rope_compat.rotary_embedding_set_kv(b["positions"][0], q3, k3, b["head"], b["cache"], False, b["value"], kb3,
                                         vb3, b["loc"], None, 0.75, 16)
     for got, want in ((b["q"], q3), (b["k"], k3), (b["k_buf"], kb3), (b["v_buf"], vb3)):
-        assert torch.equal(_bits(got), _bits(want))
+        assert torch.equal(bits(got), bits(want))
 
 
 def test_public_function_and_empty(device):
     _check_store(_run(device, fn=rope_compat.mrope_rotary_embedding_set_kv, config="mqa-tiny", tokens=6,
                       k_scale=2.0))
     a = _inputs(device, tokens=0, rows=4)
-    k_before = _bits(a["k_buf"]).clone()
+    k_before = bits(a["k_buf"]).clone()
     _call(a, fn=rope_compat.mrope_rotary_embedding_set_kv)  # no tokens: nothing to do
-    assert torch.equal(_bits(a["k_buf"]), k_before)
+    assert torch.equal(bits(a["k_buf"]), k_before)
 
 
 def test_cpu_position_out_of_range_raises_before_writing():
     a = _inputs("cpu", tokens=6)
     a["positions"][1, 4] = a["cache"].shape[0]
-    before = [_bits(t).clone() for t in (a["q"], a["k"], a["k_buf"], a["v_buf"])]
+    before = [bits(t).clone() for t in (a["q"], a["k"], a["k_buf"], a["v_buf"])]
     with pytest.raises(IndexError, match=r"positions: cache rows must lie in \[0, 512\)"):
         _call(a)
     for old, t in zip(before, (a["q"], a["k"], a["k_buf"], a["v_buf"])):
-        assert torch.equal(old, _bits(t))
+        assert torch.equal(old, bits(t))
 
 
 # ---------------------------------------------------------------- errors
@@ -221,12 +221,12 @@ def _written(a):
 
 
 def _expect_error(fn, args, exc, match):
-    before = [_bits(t).clone() for t in _written(args) if t.device.type != "meta"]
+    before = [bits(t).clone() for t in _written(args) if t.device.type != "meta"]
     with pytest.raises(exc, match=match) as info:
         _apply(fn, args)
     after = [t for t in _written(args) if t.device.type != "meta"]
     for old, new in zip(before, after):
-        assert torch.equal(old, _bits(new)), "written before the error"
+        assert torch.equal(old, bits(new)), "written before the error"
     return str(info.value)
 
 
@@ -309,7 +309,7 @@ def test_compile_fullgraph_cpu():
     want = block(*eager)
     torch.testing.assert_close(got, want)
     for x, y in zip(inputs, eager):
-        assert torch.equal(_bits(x), _bits(y))
+        assert torch.equal(bits(x), bits(y))
     torch._dynamo.reset()
 
 
@@ -360,9 +360,9 @@ def test_cuda_same_as_cpu(buffer_dtype, config):
     loc = c["loc"].long()
     keep = same & (loc >= 0) & (loc < 300)
     kr, kc = _rows(a["k_buf"], a["kv_heads"], a["head"]).cpu(), _rows(c["k_buf"], a["kv_heads"], a["head"])
-    assert torch.equal(_bits(kr[loc[keep]]), _bits(kc[loc[keep]]))
+    assert torch.equal(bits(kr[loc[keep]]), bits(kc[loc[keep]]))
     vr, vc = _rows(a["v_buf"], a["kv_heads"], a["head"]).cpu(), _rows(c["v_buf"], a["kv_heads"], a["head"])
-    assert torch.equal(_bits(vr), _bits(vc))
+    assert torch.equal(bits(vr), bits(vc))
 
 
 @gpu
@@ -445,4 +445,4 @@ def test_cuda_graph_no_sync_no_allocation(buffer_dtype):
                 a[n].copy_(t)
             _call(a, True, 0.5, 0.25)
             for n, got in zip(names, replayed):
-                assert torch.equal(_bits(got), _bits(a[n])), n
+                assert torch.equal(bits(got), bits(a[n])), n
