@@ -256,13 +256,8 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
       if (in_cache) issue_cos_sin();
     }
     if (in_cache) {
-      const float sign = p.inverse ? -1.f : 1.f;
       float c[V], sn[V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        c[i] = cs.cos(i);
-        sn[i] = sign * cs.sin(i);  // exact: sign is +1 or -1
-      }
+      rotation_floats<V>(cs, p.inverse, c, sn);
       rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     }
     if (is_key && loc >= 0 && loc < s.k_rows) {

@@ -143,6 +143,20 @@ struct CosSinRow {
   __device__ __forceinline__ float sin(int k) const { return s.get(k); }
 };
 
+// The V cos and sin that rotate a thread's pairs, as floats, from cache values kept as stored
+// (CosSinRow, MropeCosSin): the inverse rotation negates the sin, which is exact. Where `use`
+// is false (a token outside the cache that is stored back as loaded) the angle is 0.
+template <int V, typename CosSin>
+__device__ __forceinline__ void rotation_floats(const CosSin& cs, bool inverse, float (&c)[V], float (&sn)[V],
+                                                bool use = true) {
+  const float sign = inverse ? -1.f : 1.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    c[i] = use ? cs.cos(i) : 1.f;
+    sn[i] = use ? sign * cs.sin(i) : 0.f;
+  }
+}
+
 template <bool kNeox, typename T, int V>
 __device__ __forceinline__ void rotate_run(T (&run)[2 * V], const float (&c)[V], const float (&sn)[V]) {
 #pragma unroll

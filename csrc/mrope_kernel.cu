@@ -79,13 +79,8 @@ __global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, con
       cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
       x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
     }
-    const float sign = p.inverse ? -1.f : 1.f;
     float c[V], sn[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      c[i] = in_cache ? cs.cos(i) : 1.f;
-      sn[i] = in_cache ? sign * cs.sin(i) : 0.f;  // exact: sign is +1 or -1
-    }
+    rotation_floats<V>(cs, p.inverse, c, sn, in_cache);
     if constexpr (kQkFirst) {
       // Every path stores, a token outside the cache its loaded bits unchanged: the compiler
       // moves a load whose value one path never uses below the branch to the other path, where

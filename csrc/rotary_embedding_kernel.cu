@@ -78,13 +78,8 @@ __global__ void __launch_bounds__(kBlock)
     T* const head = group < p.num_heads ? q_tok + group * p.q_head_stride
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
     Vec<T, V> x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
-    const float sign = p.inverse ? -1.f : 1.f;
     float c[V], sn[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      c[i] = cs.cos(i);
-      sn[i] = sign * cs.sin(i);  // exact: sign is +1 or -1
-    }
+    rotation_floats<V>(cs, p.inverse, c, sn);
     rotate_store<T, V>(head, e1, e2, x, y, c, sn, p.is_neox);
     return;
   }
