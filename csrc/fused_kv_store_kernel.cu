@@ -112,18 +112,18 @@ __device__ __forceinline__ float finite_quotient(float x, float scale, float inv
 template <typename B>
 constexpr bool kFloat8 = std::is_same_v<B, E4M3> || std::is_same_v<B, E5M2>;
 
-// The float8 store of V values (V a multiple of 4) for the common case, in fewer instructions
+// The float8 bytes of V values (V a multiple of 4) for the common case, in fewer instructions
 // than store_row's general path (they run after the thread's last load, at the end of its
-// chain): finite_quotient, the saturating conversion, and the four bytes of each word stored
-// as they come. It stores nothing and returns false when any byte is one the general path may
-// change: saturated or at the largest finite value, or NaN (which is also what a quotient that
-// is not finite gives here), i.e. low seven bits 0x7e-0x7f for e4m3, 0x7b-0x7f for e5m2. For
-// every other byte both paths compute the same bits.
+// chain): finite_quotient, the saturating conversion, four bytes to a word. Returns nonzero
+// when any byte is one the general path may change: saturated or at the largest finite value,
+// or NaN (which is also what a quotient that is not finite gives here), i.e. low seven bits
+// 0x7e-0x7f for e4m3, 0x7b-0x7f for e5m2; the caller then stores nothing from here. For every
+// other byte both paths compute the same bits.
 template <typename B, int V, bool kScaled>
-__device__ __forceinline__ bool store_float8_common(B* dst, const float (&f)[V], float scale, float inv) {
+__device__ __forceinline__ uint32_t float8_common(const float (&f)[V], float scale, float inv,
+                                                  Vec<uint32_t, V / 4>& out) {
   constexpr __nv_fp8_interpretation_t kKind = std::is_same_v<B, E4M3> ? __NV_E4M3 : __NV_E5M2;
   constexpr uint32_t kToTopBit = std::is_same_v<B, E4M3> ? 0x02020202u : 0x05050505u;
-  Vec<uint32_t, V / 4> out;
   uint32_t special = 0;
 #pragma unroll
   for (int w = 0; w < V / 4; ++w) {
@@ -137,9 +137,13 @@ __device__ __forceinline__ bool store_float8_common(B* dst, const float (&f)[V],
     out.v[w] = lo | hi << 16;
     special |= ((out.v[w] & 0x7f7f7f7fu) + kToTopBit) & 0x80808080u;  // no carry between bytes
   }
-  if (special != 0) return false;
-  *reinterpret_cast<Vec<uint32_t, V / 4>*>(dst) = out;
-  return true;
+  return special;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void to_floats(const Vec<T, V>& x, float (&f)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) f[i] = to_float(x.v[i]);
 }
 
 // Stores x / scale, converted to the buffer type. Without a scale (1) no division is done:
@@ -156,12 +160,13 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
     }
   }
   float f[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) f[i] = to_float(x.v[i]);
+  to_floats(x, f);
   if constexpr (kFloat8<B> && V % 4 == 0) {
     // Two copies, so that the launch-wide branch on the scale is taken once per row.
-    if (scale != 1.f ? store_float8_common<B, V, true>(dst, f, scale, inv)
-                     : store_float8_common<B, V, false>(dst, f, scale, inv)) {
+    Vec<uint32_t, V / 4> out;
+    if ((scale != 1.f ? float8_common<B, V, true>(f, scale, inv, out)
+                      : float8_common<B, V, false>(f, scale, inv, out)) == 0) {
+      *reinterpret_cast<Vec<uint32_t, V / 4>*>(dst) = out;
       return;
     }
   }
@@ -190,6 +195,32 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
     for (int i = 0; i < V; ++i) out.v[i] = convert<B>(f[i]);
   }
   *reinterpret_cast<Vec<B, V>*>(dst) = out;
+}
+
+// The two vectors of a rotated key into a float8 buffer. Both are converted before the one
+// check of the common case, so that their conversions overlap at the end of the thread's chain
+// instead of following each other, which measured faster at decode sizes (benchmarks/README.md,
+// fused store). Where either has a special byte, each goes through store_row.
+template <typename B, typename T, int V>
+__device__ __forceinline__ void store_float8_pair(B* d1, B* d2, const Vec<T, V>& x, const Vec<T, V>& y,
+                                                  float scale, float inv) {
+  if constexpr (V % 4 == 0) {
+    float fx[V], fy[V];
+    to_floats(x, fx);
+    to_floats(y, fy);
+    Vec<uint32_t, V / 4> ox, oy;
+    const uint32_t special = scale != 1.f ? float8_common<B, V, true>(fx, scale, inv, ox) |
+                                                float8_common<B, V, true>(fy, scale, inv, oy)
+                                          : float8_common<B, V, false>(fx, scale, inv, ox) |
+                                                float8_common<B, V, false>(fy, scale, inv, oy);
+    if (special == 0) {
+      *reinterpret_cast<Vec<uint32_t, V / 4>*>(d1) = ox;
+      *reinterpret_cast<Vec<uint32_t, V / 4>*>(d2) = oy;
+      return;
+    }
+  }
+  store_row<B, T, V>(d1, x, scale, inv);
+  store_row<B, T, V>(d2, y, scale, inv);
 }
 
 // kMrope: the MRoPE op (mrope_rotary_embedding_set_kv). positions is the temporal row of
@@ -262,8 +293,12 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     }
     if (is_key && loc >= 0 && loc < s.k_rows) {
       B* const dst = static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + (h - p.num_heads) * s.k_head_stride;
-      store_row<B, T, V>(dst + e1, x, s.k_scale, s.k_inv_scale);
-      store_row<B, T, V>(dst + e2, y, s.k_scale, s.k_inv_scale);
+      if constexpr (kFloat8<B>) {
+        store_float8_pair<B, T, V>(dst + e1, dst + e2, x, y, s.k_scale, s.k_inv_scale);
+      } else {
+        store_row<B, T, V>(dst + e1, x, s.k_scale, s.k_inv_scale);
+        store_row<B, T, V>(dst + e2, y, s.k_scale, s.k_inv_scale);
+      }
     }
     return;
   }

@@ -199,6 +199,35 @@ def test_float8_edges_match_torch(device, buffer_dtype, head, v_scale):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("buffer_dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("k_scale", [None, 0.3])
+def test_float8_key_rows_at_the_edges(device, buffer_dtype, dtype, k_scale):
+    """Key rows with bytes the float8 fast path may not store, next to rows without: the two
+    vectors of a rotated pair are converted together, and each must still equal torch's
+    conversion of the rotated key bit for bit."""
+    tokens, kv_heads, head = 6, 2, 64
+    half = head // 2
+    r = _run(device, dtype, buffer_dtype, heads=2, kv_heads=kv_heads, head=head, tokens=tokens, k_scale=k_scale)
+    case, k_buf, v_buf, loc = r["case"], r["k_buf"], r["v_buf"], r["loc"]
+    # Even tokens at an identity row (cos 1, sin 0): finite edges in the first half of head 0
+    # reach only that half, so one vector of a pair is special and its partner is not.
+    case.cos_sin_cache[0, :half], case.cos_sin_cache[0, half:] = 1, 0
+    case.positions[::2] = 0
+    key = case.key.view(tokens, kv_heads, head)
+    key.copy_(torch.randn(tokens, kv_heads, head, device=device).to(dtype))
+    finite = torch.tensor([e for e in FP8_EDGES if math.isfinite(e) and abs(e) >= 448], dtype=dtype)
+    key[0::2, 0, 1:half:3] = finite.repeat(half)[: len(range(1, half, 3))].to(device)
+    # Odd tokens at random rows: every edge, NaN and infinity included, in one dim of head 1.
+    edges = torch.tensor(FP8_EDGES, dtype=dtype)
+    key[1::2, 1, 5] = edges[torch.randperm(len(edges))[: len(range(1, tokens, 2))]].to(device)
+    op(case.positions, case.query, case.key, head, case.cos_sin_cache, True, r["value"], k_buf, v_buf, loc,
+       k_scale, None)
+    want = bits(_stored(key.cpu(), k_scale, buffer_dtype))
+    got = bits(_rows(k_buf, kv_heads, head).cpu()[loc.cpu().long()])
+    assert torch.equal(got, want)
+
+
 # NaNs with payloads and both signs, as bit patterns of each dtype.
 NAN_BITS = {
     torch.float32: [0x7F800001, 0xFFC00005, 0x7FC12345],
