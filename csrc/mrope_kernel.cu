@@ -32,7 +32,7 @@ struct Launch {
 
 template <typename T, typename CT, int V, int kHeadsPerBatch, bool kGather, bool kQkFirst = false>
 __global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, const Launch l) {
-  static_assert(!kQkFirst || (kHeadsPerBatch == 1 && kGather), "q/k first: the one-head gather kernel only");
+  static_assert(!kQkFirst || kHeadsPerBatch == 1, "q/k first: the one-head kernels only");
   const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;
   const uint32_t local_token = l.units_per_token.div(unit);
   const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
@@ -62,11 +62,12 @@ __global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, con
                         rows[2] >= 0 && rows[2] < p.cache_rows;
 
   if constexpr (kHeadsPerBatch == 1) {
-    // Small calls, one head per thread. One row (two vector loads): the cache loads go out
-    // before the q/k loads, as in the plain kernel. Per-pair loads (kGather) in a call of one
-    // wave (kQkFirst): the q/k loads go out first, before the positions arrive, and the V
-    // scalar loads behind them; issued first, those scalar loads held back the q/k loads. In
-    // larger calls that order measured slower (benchmarks/studies/results/mrope_vs_plain.txt).
+    // Small calls, one head per thread. In a call of one wave (kQkFirst) the q/k loads go out
+    // first, before the positions arrive, and the cache loads behind them: waiting for three
+    // positions before any q/k load measured slower, for per-pair (kGather) and one-row loads
+    // alike, although the plain kernel, with one position, prefers its row first. In larger
+    // calls (1.2 waves of the per-pair kernel) q/k first measured slower (benchmarks/README.md,
+    // MRoPE).
     T* const head = group < p.num_heads ? q_tok + group * p.q_head_stride
                                         : k_tok + (group - p.num_heads) * p.k_head_stride;
     MropeCosSin<CT, V, kGather> cs;
@@ -147,9 +148,7 @@ template <typename T, typename CT, int V, bool kGather>
 cudaError_t launch_kernel(int64_t per_thread, int32_t units_per_head, int64_t threads, const Target& t,
                           const RotaryParams& p, const Launch& l) {
   if (per_thread == 1) {
-    if constexpr (kGather) {
-      if (threads <= resident_threads(t.device)) return launch_pdl(mrope_kernel<T, CT, V, 1, true, true>, threads, t, p, l);
-    }
+    if (threads <= resident_threads(t.device)) return launch_pdl(mrope_kernel<T, CT, V, 1, kGather, true>, threads, t, p, l);
     return launch_pdl(mrope_kernel<T, CT, V, 1, kGather>, threads, t, p, l);
   }
   return units_per_head >= 8 ? launch_pdl(mrope_kernel<T, CT, V, 2, kGather>, threads, t, p, l)

@@ -372,11 +372,12 @@ def test_cuda_out_of_range_token_untouched():
 @gpu
 @needs_kernel
 @pytest.mark.parametrize("config", ["qwen3-vl-8b", "qwen2.5-vl-7b"])
-@pytest.mark.parametrize("tokens", [40, 1024, 9000])
+@pytest.mark.parametrize("tokens", [40, 1024, 1100, 9000])
 def test_cuda_out_of_range_tokens_keep_their_bits(config, tokens):
     """A token with a position outside the cache comes back bit for bit, inf and NaN included,
-    on every launch path (one wave, where the interleaved kernel loads q/k before the positions;
-    one head per thread beyond it; several heads per thread), and the other tokens rotate."""
+    on every launch path (one wave, where the one-head kernels load q/k before the positions;
+    one head per thread beyond it, as Qwen2.5-VL at 1100 tokens and Qwen3-VL from 1024 on a
+    132-SM GPU; several heads per thread), and the other tokens rotate."""
     positions, q, k, head_size, cache, sections, inter = make_mrope(
         config, tokens=tokens, dtype=torch.bfloat16, layout="fused_heads", device="cuda")
     bad = [3, tokens - 2]
