@@ -224,11 +224,13 @@ __device__ __forceinline__ void store_float8_pair(B* d1, B* d2, const Vec<T, V>&
 }
 
 // kMrope: the MRoPE op (mrope_rotary_embedding_set_kv). positions is the temporal row of
-// [3, T] (seq_len = T), and pair i takes its cos/sin from the row of its section; everything
-// else, the store included, is the plain op's.
-template <typename T, typename B, typename CT, int V, bool kMrope, bool kRowFirst>
+// [3, T] (seq_len = T), and pair i takes its cos/sin from the row of its section (kGather: one
+// scalar load per pair; else two vectors from one row, where no section boundary falls inside
+// a vector, as in mrope_kernel.cu); everything else, the store included, is the plain op's.
+template <typename T, typename B, typename CT, int V, bool kMrope, bool kRowFirst, bool kGather = false>
 __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, const KvStoreParams s,
                                                         const SetKvLaunch l) {
+  static_assert(!kMrope || !kRowFirst, "MRoPE: q/k first at every size");
   const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^31: the host splits launches
   const uint32_t local_token = l.units_per_token.div(unit);
   const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
@@ -242,12 +244,15 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
   T* const k_tok = static_cast<T*>(p.key) + b * p.k_batch_stride + t * p.k_token_stride;
 
   if (r < l.rot_units) {
-    const int64_t row = load_index(p.positions, p.positions_int64, token);
-    int64_t rows[3] = {row, row, row};
-    if constexpr (kMrope) {
-      rows[1] = load_index(p.positions, p.positions_int64, l.positions_row_stride + token);
-      rows[2] = load_index(p.positions, p.positions_int64, 2 * l.positions_row_stride + token);
-    }
+    int64_t rows[3];
+    const auto load_rows = [&] {
+      rows[0] = rows[1] = rows[2] = load_index(p.positions, p.positions_int64, token);
+      if constexpr (kMrope) {
+        rows[1] = load_index(p.positions, p.positions_int64, l.positions_row_stride + token);
+        rows[2] = load_index(p.positions, p.positions_int64, 2 * l.positions_row_stride + token);
+      }
+    };
+    if constexpr (!kMrope) load_rows();
     const int32_t h = static_cast<int32_t>(l.rot_units_per_head.div(r));
     const int32_t j = r - h * static_cast<int32_t>(l.rot_units_per_head.d);
     const bool is_key = h >= p.num_heads;
@@ -258,6 +263,11 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     // NeoX pairs (i, i + half): vector j of each half. GPT-J pairs (2i, 2i + 1): vectors 2j, 2j + 1.
     const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
     const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
+    Vec<T, V> x, y;
+    if constexpr (kMrope) {  // q/k before the three positions (see the load order below)
+      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+      load_rows();
+    }
     // A position outside the cache (for MRoPE, any of the three) leaves the token unrotated
     // (as the rotary kernels do); its key is still stored as it is.
     bool in_cache = true;
@@ -268,24 +278,21 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     // kernel's one-head path does; the rows end the longest chain (position, then row), and
     // issued behind the q/k loads they waited for them. Larger calls are bandwidth-bound: there
     // the q/k loads go out first, before the position arrives, which measured faster.
-    // Either way the cos/sin are converted only where the arithmetic needs them.
-    std::conditional_t<kMrope, MropeCosSin<CT, V, true>, CosSinRow<CT, V>> cs;
+    // MRoPE issues its q/k loads first at every size: with three positions to wait for, that
+    // measured faster in calls of one wave too, as in mrope_kernel.cu (benchmarks/README.md,
+    // MRoPE). Either way the cos/sin are converted only where the arithmetic needs them.
+    std::conditional_t<kMrope, MropeCosSin<CT, V, kGather>, CosSinRow<CT, V>> cs;
     const CT* const cache = static_cast<const CT*>(p.cache);
     const auto issue_cos_sin = [&] {  // kept as stored (not detail::load_cos_sin, which converts)
       if constexpr (kMrope) {
         cs.load(cache, p.cache_row_stride, rows, j * V, half, l.sec);
       } else {
-        cs.load(cache + row * p.cache_row_stride + j * V, half);
+        cs.load(cache + rows[0] * p.cache_row_stride + j * V, half);
       }
     };
-    Vec<T, V> x, y;
-    if constexpr (kRowFirst) {
-      if (in_cache) issue_cos_sin();
-      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
-    } else {
-      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
-      if (in_cache) issue_cos_sin();
-    }
+    if constexpr (!kMrope && !kRowFirst) x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+    if (in_cache) issue_cos_sin();
+    if constexpr (kRowFirst) x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
     if (in_cache) {
       float c[V], sn[V];
       rotation_floats<V>(cs, p.inverse, c, sn);
@@ -340,6 +347,8 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
   l.seq_len = FastDiv(static_cast<uint32_t>(p.seq_len));
   l.positions_row_stride = m ? m->positions_row_stride : 0;
   l.sec = m ? make_sections(*m) : Sections{};
+  // MRoPE: one row per vector where the sections allow (see mrope_kernel.cu's launch).
+  const bool gather = m && V > 1 && (m->interleaved || l.sec.t_end % V != 0 || l.sec.h_end % V != 0);
   const Target target{stream, device};
   const int64_t resident = resident_threads(device);
   const int64_t per_launch = tokens_per_launch(per_token);
@@ -349,8 +358,8 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * per_token;
     const bool row_first = threads <= resident;
     const cudaError_t err =
-        m ? (row_first ? launch_pdl(set_kv_kernel<T, B, CT, V, true, true>, threads, target, p, s, l)
-                       : launch_pdl(set_kv_kernel<T, B, CT, V, true, false>, threads, target, p, s, l))
+        m ? (gather ? launch_pdl(set_kv_kernel<T, B, CT, V, true, false, true>, threads, target, p, s, l)
+                    : launch_pdl(set_kv_kernel<T, B, CT, V, true, false, false>, threads, target, p, s, l))
           : (row_first ? launch_pdl(set_kv_kernel<T, B, CT, V, false, true>, threads, target, p, s, l)
                        : launch_pdl(set_kv_kernel<T, B, CT, V, false, false>, threads, target, p, s, l));
     if (err != cudaSuccess) return static_cast<int>(err);

@@ -367,8 +367,9 @@ def test_cuda_same_as_cpu(buffer_dtype, config):
 
 @gpu
 @needs_kernel
-def test_cuda_out_of_range_position_stores_key_unrotated():
-    a = _inputs("cuda", tokens=40)
+@pytest.mark.parametrize("config", ["qwen3-vl-8b", "qwen2.5-vl-7b"])  # per-pair and one-row cos/sin loads
+def test_cuda_out_of_range_position_stores_key_unrotated(config):
+    a = _inputs("cuda", config=config, tokens=40)
     a["positions"][1, 7] = a["cache"].shape[0]
     a["positions"][2, 9] = -1
     q0, k0 = a["q"].clone(), a["k"].clone()
