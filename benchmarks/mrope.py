@@ -9,6 +9,9 @@ Columns:
   ours-bf16    the same with a bf16 cache (the cache dtype vLLM's layer uses)
   plain        rope_compat.rotary_embedding on the temporal row, same q/k, float32 cache:
                the target is ours <= 1.1x plain
+  ours+kv      rope_compat.mrope_rotary_embedding_set_kv: the same rotation plus the key and
+               value stored at random rows of bf16 KV buffers larger than 2.5x the L2
+  plain+kv     rope_compat.rotary_embedding_set_kv on the temporal row, same inputs
   vllm-fwd     vLLM's MRotaryEmbedding.forward_cuda path: cache[positions] gather, chunk, then
                its Triton kernel triton_mrope (bf16 cache, as vLLM matches it to q's dtype) on
                the same strided q/k (which newer vLLM's launcher copies to contiguous ones)
@@ -23,6 +26,7 @@ Input sets together exceed 2.5x the L2 at every size (each call reads fresh inpu
 hold 100 calls; each figure is the median over repeats of replaying every graph (min and max
 are printed with --spread).
 Usage: python benchmarks/mrope.py [--tokens 1,16,...] [--peer-dir DIR] [--shapes a,b] [--spread]
+                                  [--columns ours,plain,...]
 """
 
 from __future__ import annotations
@@ -119,12 +123,15 @@ def load_vllm_mrope(peer_dir: str):
 
 
 class InputSet:
-    def __init__(self, tokens: int, heads: int, kv_heads: int, head: int, gen: torch.Generator, peer: bool):
+    def __init__(self, tokens: int, heads: int, kv_heads: int, head: int, gen: torch.Generator, peer: bool,
+                 kv_rows: int):
         qw, kw = heads * head, kv_heads * head
         self.qkv = torch.randn(tokens, qw + 2 * kw, dtype=torch.bfloat16, device="cuda")
         self.q = self.qkv[:, :qw]
         self.k = self.qkv[:, qw : qw + kw]
+        self.v = self.qkv[:, qw + kw :]
         self.positions = torch.randint(0, CACHE_ROWS, (3, tokens), generator=gen).cuda()
+        self.loc = torch.randint(0, kv_rows, (tokens,), generator=gen).cuda()
         self.cos = self.sin = None
         self.peer = peer
 
@@ -139,10 +146,11 @@ class InputSet:
 def bytes_per_set(tokens: int, heads: int, kv_heads: int, head: int, peer: bool) -> int:
     qkv = tokens * (heads + 2 * kv_heads) * head * 2
     extra = (2 * 3 * tokens * (head // 2) * 2 + tokens * (heads + kv_heads) * head * 2) if peer else 0
-    return qkv + 3 * tokens * 8 + extra
+    return qkv + 4 * tokens * 8 + extra
 
 
-def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str], spread: bool) -> List[dict]:
+def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str], spread: bool,
+              columns: List[str]) -> List[dict]:
     heads, kv_heads, head, sections, interleaved = SHAPES[name]
     rot = head
     cache = rope_compat.get_rope(head, CACHE_ROWS // 4, True, {"rope_theta": 1e6, "mrope_section": sections,
@@ -155,7 +163,11 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
         gen = torch.Generator().manual_seed(tokens)
         per_set = bytes_per_set(tokens, heads, kv_heads, head, peer is not None)
         n_sets = max(1, math.floor(2.5 * l2_bytes() / per_set) + 1)
-        sets = [InputSet(tokens, heads, kv_heads, head, gen, peer is not None) for _ in range(n_sets)]
+        # The KV buffers are shared by the sets and themselves larger than 2.5x the L2, so the
+        # rows a call stores are not in the L2 either (as in fused_kv_store.py).
+        kv_rows = max(2 * tokens, math.ceil(2.5 * l2_bytes() / (kv_heads * head * 2)))
+        k_buf, v_buf = (torch.randn(kv_rows, kv_heads, head, device="cuda").bfloat16() for _ in range(2))
+        sets = [InputSet(tokens, heads, kv_heads, head, gen, peer is not None, kv_rows) for _ in range(n_sets)]
         if peer is not None:
             for s in sets:
                 s.gather(cache_bf16)
@@ -166,6 +178,12 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
                 sets[i].positions, sets[i].q, sets[i].k, head, cache_bf16, True, sections, interleaved),
             "plain": lambda i: rope_compat.rotary_embedding(
                 sets[i].positions[0], sets[i].q, sets[i].k, head, cache, True),
+            "ours+kv": lambda i: rope_compat.mrope_rotary_embedding_set_kv(
+                sets[i].positions, sets[i].q, sets[i].k, head, cache, True, sections, sets[i].v, k_buf, v_buf,
+                sets[i].loc, mrope_interleaved=interleaved),
+            "plain+kv": lambda i: rope_compat.rotary_embedding_set_kv(
+                sets[i].positions[0], sets[i].q, sets[i].k, head, cache, True, sets[i].v, k_buf, v_buf,
+                sets[i].loc),
         }
         if peer is not None:
             def vllm_fwd(i: int) -> None:
@@ -178,6 +196,8 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
                 sets[i].qc, sets[i].kc, sets[i].cos, sets[i].sin, sections, head, rot, interleaved, True)
         row = {"shape": name, "tokens": tokens, "sets": n_sets}
         for impl, step in impls.items():
+            if impl not in columns:
+                continue
             try:
                 t = cuda_graph_us(step, n_sets, calls_per_graph=CALLS_PER_GRAPH)
                 row[impl] = t.median
@@ -190,7 +210,7 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
             row["vllm-error"] = peer_error
         rows.append(row)
         print_row(row, spread)
-        del sets
+        del sets, k_buf, v_buf
         torch.cuda.empty_cache()
     return rows
 
@@ -200,7 +220,7 @@ def check_against_peer(peer, name: str) -> str:
     heads, kv_heads, head, sections, interleaved = SHAPES[name]
     cache = rope_compat.get_rope(head, CACHE_ROWS // 4, True, {"rope_theta": 1e6, "mrope_section": sections},
                                  torch.bfloat16).cos_sin_cache.cuda().to(torch.bfloat16)
-    s = InputSet(257, heads, kv_heads, head, torch.Generator().manual_seed(0), True)
+    s = InputSet(257, heads, kv_heads, head, torch.Generator().manual_seed(0), True, 257)
     s.gather(cache)
     q0 = s.q.clone()
     q1, k1 = s.q.clone(), s.k.clone()
@@ -212,7 +232,7 @@ def check_against_peer(peer, name: str) -> str:
     return f"{name}: max |ours - vLLM kernel| = {diff:.4g} (rotation moves values by up to {changed:.3g})"
 
 
-COLUMNS = ["ours", "ours-bf16", "plain", "vllm-fwd", "vllm-kernel"]
+COLUMNS = ["ours", "ours-bf16", "plain", "ours+kv", "plain+kv", "vllm-fwd", "vllm-kernel"]
 
 
 def _fmt(v: Optional[float]) -> str:
@@ -225,13 +245,14 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
 
 def print_header() -> None:
     cols = "".join(f"{c:>12}" for c in COLUMNS)
-    print(f"{'shape':<14}{'tokens':>7}{cols}{'ours/plain':>12}{'fwd/ours':>10}{'kern/ours':>10}")
+    print(f"{'shape':<14}{'tokens':>7}{cols}{'ours/plain':>12}{'kv/plain':>10}{'fwd/ours':>10}{'kern/ours':>10}")
 
 
 def print_row(row: dict, spread: bool) -> None:
     cols = "".join(f"{_fmt(row.get(c)):>12}" for c in COLUMNS)
     print(f"{row['shape']:<14}{row['tokens']:>7}{cols}"
           f"{_ratio(row.get('ours'), row.get('plain')):>12}"
+          f"{_ratio(row.get('ours+kv'), row.get('plain+kv')):>10}"
           f"{_ratio(row.get('vllm-fwd'), row.get('ours')):>10}"
           f"{_ratio(row.get('vllm-kernel'), row.get('ours')):>10}", flush=True)
     if spread:
@@ -246,7 +267,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--peer-dir", default=None, help="folder holding vLLM's mrope.py")
     ap.add_argument("--spread", action="store_true", help="print min..max of every figure")
+    ap.add_argument("--columns", default=",".join(COLUMNS), help="which columns to time (default: all)")
     args = ap.parse_args(argv)
+    columns = args.columns.split(",")
+    if any(c not in COLUMNS for c in columns):
+        ap.error(f"--columns: pick from {','.join(COLUMNS)}")
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
@@ -275,7 +300,8 @@ def main(argv=None) -> int:
     print("µs per call (median over repeats of CUDA-graph replays, 100 calls per graph, inputs > 2.5x L2)")
     print_header()
     for name in shapes:
-        run_shape(name, tokens, peer, peer_error, args.spread)
+        run_shape(name, tokens, peer, peer_error, args.spread, columns)
+    print("kv/plain: ours+kv / plain+kv, the same ratio with the KV store fused")
     print("targets: ours/plain <= 1.1; fwd/ours (vLLM's call) >= 1.5 at 1-128 tokens, >= 1.2 from 8192")
     return 0
 
