@@ -33,8 +33,8 @@ fi
 # it from its own source (see benchmarks/README.md); without it, beside our own floors only.
 "$python" "$here/fused_kv_store.py" ${PEER_DIR:+--peer-dir "$PEER_DIR/sgl_kernel"} > "$out/fused_kv_store.md" || status=1
 sed -n '/^| shape | tokens | fused us/,$p' "$out/fused_kv_store.md"
-# MRoPE beside the plain op and vLLM's Triton MRoPE kernel (its own mrope.py in
-# PEER_DIR/vllm_mrope); without it, beside the plain op only.
+# MRoPE, alone and with the fused KV store, beside the plain op and vLLM's Triton MRoPE kernel
+# (its own mrope.py in PEER_DIR/vllm_mrope); without it, beside the plain op only.
 "$python" "$here/mrope.py" ${PEER_DIR:+--peer-dir "$PEER_DIR/vllm_mrope"} > "$out/mrope.txt" || status=1
 sed -n '/^shape /,$p' "$out/mrope.txt"
 # Host time of SGLang's current call through patch_sglang() over the direct call.
