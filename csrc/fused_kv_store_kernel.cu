@@ -264,8 +264,9 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
     const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
     Vec<T, V> x, y;
+    const auto load_qk = [&] { x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2); };
     if constexpr (kMrope) {  // q/k before the three positions (see the load order below)
-      x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+      load_qk();
       load_rows();
     }
     // A position outside the cache (for MRoPE, any of the three) leaves the token unrotated
@@ -290,9 +291,9 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
         cs.load(cache + rows[0] * p.cache_row_stride + j * V, half);
       }
     };
-    if constexpr (!kMrope && !kRowFirst) x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+    if constexpr (!kMrope && !kRowFirst) load_qk();
     if (in_cache) issue_cos_sin();
-    if constexpr (kRowFirst) x = load_stream<T, V>(head + e1), y = load_stream<T, V>(head + e2);
+    if constexpr (kRowFirst) load_qk();
     if (in_cache) {
       float c[V], sn[V];
       rotation_floats<V>(cs, p.inverse, c, sn);
@@ -347,8 +348,7 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
   l.seq_len = FastDiv(static_cast<uint32_t>(p.seq_len));
   l.positions_row_stride = m ? m->positions_row_stride : 0;
   l.sec = m ? make_sections(*m) : Sections{};
-  // MRoPE: one row per vector where the sections allow (see mrope_kernel.cu's launch).
-  const bool gather = m && V > 1 && (m->interleaved || l.sec.t_end % V != 0 || l.sec.h_end % V != 0);
+  const bool gather = m && needs_gather(l.sec, V);
   const Target target{stream, device};
   const int64_t resident = resident_threads(device);
   const int64_t per_launch = tokens_per_launch(per_token);

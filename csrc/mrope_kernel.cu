@@ -168,10 +168,7 @@ int launch(const RotaryParams& p, const MropeParams& m, const Target& t) {
   l.units_per_head = FastDiv(static_cast<uint32_t>(units_per_head));
   l.positions_row_stride = m.positions_row_stride;
   l.sec = make_sections(m);
-  // One row per vector where no section boundary falls inside a vector of V pairs (the
-  // several-heads kernels load runs of V / 2 pairs at multiples of V / 2, as half % V == 0,
-  // which a boundary at a multiple of V never splits either).
-  const bool gather = V > 1 && (m.interleaved || l.sec.t_end % V != 0 || l.sec.h_end % V != 0);
+  const bool gather = needs_gather(l.sec, V);
   const int64_t per_launch = tokens_per_launch(l.units_per_token.d);
   for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);

@@ -29,6 +29,14 @@ inline Sections make_sections(const MropeParams& m) {
   return s;
 }
 
+// Whether a call with vectors of v pairs needs one load per pair (MropeCosSin<..., true>): the
+// interleaved layout, or a section boundary inside a vector. Otherwise every vector lies in one
+// section and is loaded from one row. (The several-heads rotation kernels load runs of v / 2
+// pairs at multiples of v / 2, which a boundary at a multiple of v never splits either.)
+inline bool needs_gather(const Sections& s, int v) {
+  return v > 1 && (s.interleaved || s.t_end % v != 0 || s.h_end % v != 0);
+}
+
 __device__ __forceinline__ int section_of(const Sections& s, int32_t i) {
   if (!s.interleaved) return (i >= s.t_end) + (i >= s.h_end);
   const int32_t r = i % 3;
