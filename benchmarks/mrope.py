@@ -166,7 +166,9 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
         # The KV buffers are shared by the sets and themselves larger than 2.5x the L2, so the
         # rows a call stores are not in the L2 either (as in fused_kv_store.py).
         kv_rows = max(2 * tokens, math.ceil(2.5 * l2_bytes() / (kv_heads * head * 2)))
-        k_buf, v_buf = (torch.randn(kv_rows, kv_heads, head, device="cuda").bfloat16() for _ in range(2))
+        k_buf = v_buf = None
+        if "ours+kv" in columns or "plain+kv" in columns:
+            k_buf, v_buf = (torch.randn(kv_rows, kv_heads, head, device="cuda").bfloat16() for _ in range(2))
         sets = [InputSet(tokens, heads, kv_heads, head, gen, peer is not None, kv_rows) for _ in range(n_sets)]
         if peer is not None:
             for s in sets:
