@@ -3,7 +3,9 @@
 Shapes (bf16, NeoX, q/k sliced from one fused qkv tensor, full rotation of 128-dim heads):
   qwen2.5-vl-7b   28/4x128, mrope_section [16, 24, 24], contiguous sections
   qwen3-vl-8b     32/8x128, mrope_section [24, 20, 20], interleaved sections
-Positions are [3, T] int64, the three rows random and different over the whole cache.
+Positions are [3, T] int64, the three rows random and different over the whole cache
+(--positions image: the temporal row random, height and width within 32 rows above it, as one
+token of an image grid; --positions window: all three random among the first 16384 rows).
 Columns:
   ours         rope_compat.mrope_rotary_embedding, float32 cache (the module's default)
   ours-bf16    the same with a bf16 cache (the cache dtype vLLM's layer uses)
@@ -26,7 +28,7 @@ Input sets together exceed 2.5x the L2 at every size (each call reads fresh inpu
 hold 100 calls; each figure is the median over repeats of replaying every graph (min and max
 are printed with --spread).
 Usage: python benchmarks/mrope.py [--tokens 1,16,...] [--peer-dir DIR] [--shapes a,b] [--spread]
-                                  [--columns ours,plain,...]
+                                  [--columns ours,plain,...] [--positions random|image|window]
 """
 
 from __future__ import annotations
@@ -122,15 +124,29 @@ def load_vllm_mrope(peer_dir: str):
     return mod
 
 
+POSITIONS = ["random", "image", "window"]
+WINDOW_ROWS = 16384
+GRID_SPAN = 32
+
+
+def draw_positions(mode: str, tokens: int, gen: torch.Generator) -> torch.Tensor:
+    """[3, T] cache rows: independent over the whole cache, or close together (see the docstring)."""
+    if mode == "image":
+        t = torch.randint(0, CACHE_ROWS - GRID_SPAN, (1, tokens), generator=gen)
+        hw = torch.randint(0, GRID_SPAN, (2, tokens), generator=gen)
+        return t + torch.cat([torch.zeros(1, tokens, dtype=torch.long), hw])
+    return torch.randint(0, WINDOW_ROWS if mode == "window" else CACHE_ROWS, (3, tokens), generator=gen)
+
+
 class InputSet:
     def __init__(self, tokens: int, heads: int, kv_heads: int, head: int, gen: torch.Generator, peer: bool,
-                 kv_rows: int):
+                 kv_rows: int, positions: str = "random"):
         qw, kw = heads * head, kv_heads * head
         self.qkv = torch.randn(tokens, qw + 2 * kw, dtype=torch.bfloat16, device="cuda")
         self.q = self.qkv[:, :qw]
         self.k = self.qkv[:, qw : qw + kw]
         self.v = self.qkv[:, qw + kw :]
-        self.positions = torch.randint(0, CACHE_ROWS, (3, tokens), generator=gen).cuda()
+        self.positions = draw_positions(positions, tokens, gen).cuda()
         self.loc = torch.randint(0, kv_rows, (tokens,), generator=gen).cuda()
         self.cos = self.sin = None
         self.peer = peer
@@ -150,7 +166,7 @@ def bytes_per_set(tokens: int, heads: int, kv_heads: int, head: int, peer: bool)
 
 
 def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str], spread: bool,
-              columns: List[str]) -> List[dict]:
+              columns: List[str], positions: str = "random") -> List[dict]:
     heads, kv_heads, head, sections, interleaved = SHAPES[name]
     rot = head
     cache = rope_compat.get_rope(head, CACHE_ROWS // 4, True, {"rope_theta": 1e6, "mrope_section": sections,
@@ -169,7 +185,8 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
         k_buf = v_buf = None
         if "ours+kv" in columns or "plain+kv" in columns:
             k_buf, v_buf = (torch.randn(kv_rows, kv_heads, head, device="cuda").bfloat16() for _ in range(2))
-        sets = [InputSet(tokens, heads, kv_heads, head, gen, peer is not None, kv_rows) for _ in range(n_sets)]
+        sets = [InputSet(tokens, heads, kv_heads, head, gen, peer is not None, kv_rows, positions)
+                for _ in range(n_sets)]
         if peer is not None:
             for s in sets:
                 s.gather(cache_bf16)
@@ -270,6 +287,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-dir", default=None, help="folder holding vLLM's mrope.py")
     ap.add_argument("--spread", action="store_true", help="print min..max of every figure")
     ap.add_argument("--columns", default=",".join(COLUMNS), help="which columns to time (default: all)")
+    ap.add_argument("--positions", default="random", choices=POSITIONS,
+                    help="how a token's three cache rows are drawn (default: random, independent)")
     args = ap.parse_args(argv)
     columns = args.columns.split(",")
     if any(c not in COLUMNS for c in columns):
@@ -299,10 +318,12 @@ def main(argv=None) -> int:
                 print(f"{name}: cross-check with vLLM's kernel failed: {type(e).__name__}: {e}", file=sys.stderr)
     else:
         print(f"vLLM columns left out: {peer_error}")
+    if args.positions != "random":
+        print(f"positions: {args.positions}")
     print("µs per call (median over repeats of CUDA-graph replays, 100 calls per graph, inputs > 2.5x L2)")
     print_header()
     for name in shapes:
-        run_shape(name, tokens, peer, peer_error, args.spread, columns)
+        run_shape(name, tokens, peer, peer_error, args.spread, columns, args.positions)
     print("kv/plain: ours+kv / plain+kv, the same ratio with the KV store fused")
     print("targets: ours/plain <= 1.1; fwd/ours (vLLM's call) >= 1.5 at 1-128 tokens, >= 1.2 from 8192")
     return 0
