@@ -166,7 +166,7 @@ def bytes_per_set(tokens: int, heads: int, kv_heads: int, head: int, peer: bool)
 
 
 def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str], spread: bool,
-              columns: List[str], positions: str = "random") -> List[dict]:
+              columns: List[str], positions: str) -> List[dict]:
     heads, kv_heads, head, sections, interleaved = SHAPES[name]
     rot = head
     cache = rope_compat.get_rope(head, CACHE_ROWS // 4, True, {"rope_theta": 1e6, "mrope_section": sections,
