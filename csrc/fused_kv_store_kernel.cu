@@ -9,7 +9,9 @@
 //                    copied to k_buffer;
 //   value units      k heads x (head_size / V): the value copied to v_buffer (/ v_scale).
 // So the rotated key is never read back from memory, and every byte moves once. Neighbouring
-// threads take neighbouring vectors of a head, so each warp access is contiguous.
+// threads take neighbouring vectors of a head, so each warp access is contiguous. Large calls
+// into buffers that are not float8 give a rotation or value thread 4 heads instead of one
+// (set_kv_grouped_kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -31,6 +33,7 @@ using namespace detail;
 struct SetKvLaunch {
   FastDiv units_per_token, rot_units_per_head, pass_units_per_head, value_units_per_head, seq_len;
   int32_t rot_units, pass_units;  // per token: rotation units, then pass-through units
+  int32_t groups, value_groups;    // set_kv_grouped_kernel: head groups of the rotation and of the value
   int32_t token_begin, token_end;
   // MRoPE (kMrope kernels only): positions [3, T] rows this far apart, and the pairs of each row.
   int64_t positions_row_stride;
@@ -331,6 +334,116 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
                      s.v_scale, s.v_inv_scale);
 }
 
+// Large calls into buffers that are not float8 (see launch()): kHeads heads per thread instead of
+// one, as the plain kernel's large calls do, so that each thread has more loads in flight behind
+// one position and one cos/sin row. A rotation thread takes heads g, g + groups, ... (q heads,
+// then k heads), kBatch of them loaded at once; a value thread takes heads vg, vg + value_groups,
+// ..., all loaded before any is stored. Pass-through vectors stay one head a thread (the same
+// code as set_kv_kernel). Same results as set_kv_kernel, element for element.
+template <typename T, typename B, typename CT, int V, int kBatch>
+__global__ void __launch_bounds__(kBlock) set_kv_grouped_kernel(const RotaryParams p, const KvStoreParams s,
+                                                                const SetKvLaunch l) {
+  static_assert(!kFloat8<B>, "float8 rows are stored in pairs by set_kv_kernel");
+  constexpr int kHeads = 4;
+  const uint32_t unit = blockIdx.x * blockDim.x + threadIdx.x;  // < 2^31: the host splits launches
+  const uint32_t local_token = l.units_per_token.div(unit);
+  const int32_t token = l.token_begin + static_cast<int32_t>(local_token);
+  if (token >= l.token_end) return;
+  const int32_t r = static_cast<int32_t>(unit - local_token * l.units_per_token.d);
+  pdl_prologue();
+
+  const int64_t loc = load_index(s.cache_loc, s.loc_int64, token);
+  const int32_t b = static_cast<int32_t>(l.seq_len.div(token));
+  const int32_t t = token - b * p.seq_len;
+  T* const k_tok = static_cast<T*>(p.key) + b * p.k_batch_stride + t * p.k_token_stride;
+
+  if (r < l.rot_units) {
+    const int64_t row = load_index(p.positions, p.positions_int64, token);
+    const bool in_cache = row >= 0 && row < p.cache_rows;
+    const int32_t g = static_cast<int32_t>(l.rot_units_per_head.div(r));
+    const int32_t j = r - g * static_cast<int32_t>(l.rot_units_per_head.d);
+    const int32_t half = p.rot_dim / 2;
+    const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
+    const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
+    const int32_t heads_total = p.num_heads + p.num_kv_heads;
+    const bool store_key = loc >= 0 && loc < s.k_rows;
+    B* const k_row = static_cast<B*>(s.k_buffer) + loc * s.k_row_stride;
+    float c[V], sn[V];
+    bool have_cos_sin = false;
+#pragma unroll 1
+    for (int32_t h0 = g; h0 < heads_total; h0 += kBatch * l.groups) {
+      Vec<T, V> x[kBatch], y[kBatch];
+      T* head[kBatch];
+#pragma unroll
+      for (int m = 0; m < kBatch; ++m) {
+        const int32_t h = h0 + m * l.groups;
+        head[m] = h < p.num_heads     ? static_cast<T*>(p.query) + b * p.q_batch_stride + t * p.q_token_stride +
+                                        h * p.q_head_stride
+                  : h < heads_total ? k_tok + (h - p.num_heads) * p.k_head_stride
+                                    : nullptr;
+        if (head[m] != nullptr) x[m] = load_stream<T, V>(head[m] + e1), y[m] = load_stream<T, V>(head[m] + e2);
+      }
+      if (!have_cos_sin && in_cache) {
+        CosSinRow<CT, V> cs;
+        cs.load(static_cast<const CT*>(p.cache) + row * p.cache_row_stride + j * V, half);
+        rotation_floats<V>(cs, p.inverse, c, sn);
+      }
+      have_cos_sin = true;
+#pragma unroll
+      for (int m = 0; m < kBatch; ++m) {
+        if (head[m] == nullptr) continue;
+        if (in_cache) rotate_store<T, V>(head[m], e1, e2, x[m], y[m], c, sn, p.is_neox);
+        const int32_t kh = h0 + m * l.groups - p.num_heads;
+        if (kh >= 0 && store_key) {
+          B* const dst = k_row + kh * s.k_head_stride;
+          store_row<B, T, V>(dst + e1, x[m], s.k_scale, s.k_inv_scale);
+          store_row<B, T, V>(dst + e2, y[m], s.k_scale, s.k_inv_scale);
+        }
+      }
+    }
+    return;
+  }
+  if (r < l.rot_units + l.pass_units) {  // a pass-through vector of the key
+    if (loc < 0 || loc >= s.k_rows) return;
+    const int32_t u = r - l.rot_units;
+    const int32_t h = static_cast<int32_t>(l.pass_units_per_head.div(u));
+    int32_t e = (u - h * static_cast<int32_t>(l.pass_units_per_head.d)) * V;
+    if (e >= p.rope_dim_offset) e += p.rot_dim;
+    const Vec<T, V> x = load_stream<T, V>(k_tok + h * p.k_head_stride + e);
+    store_row<B, T, V>(static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + h * s.k_head_stride + e, x, s.k_scale, s.k_inv_scale);
+    return;
+  }
+  if (loc < 0 || loc >= s.v_rows) return;  // value vectors of kHeads heads
+  const int32_t u = r - l.rot_units - l.pass_units;
+  const int32_t vg = static_cast<int32_t>(l.value_units_per_head.div(u));
+  const int32_t e = (u - vg * static_cast<int32_t>(l.value_units_per_head.d)) * V;
+  const T* const v_tok = static_cast<const T*>(s.value) + b * s.v_batch_stride + t * s.v_token_stride;
+  Vec<T, V> x[kHeads];
+#pragma unroll
+  for (int m = 0; m < kHeads; ++m) {
+    const int32_t h = vg + m * l.value_groups;
+    if (h < p.num_kv_heads) x[m] = load_stream<T, V>(v_tok + h * s.v_head_stride + e);
+  }
+  B* const v_row = static_cast<B*>(s.v_buffer) + loc * s.v_row_stride + e;
+#pragma unroll
+  for (int m = 0; m < kHeads; ++m) {
+    const int32_t h = vg + m * l.value_groups;
+    if (h < p.num_kv_heads) store_row<B, T, V>(v_row + h * s.v_head_stride_buf, x[m], s.v_scale, s.v_inv_scale);
+  }
+}
+
+template <typename T, typename B, typename CT, int V>
+cudaError_t launch_grouped(int32_t rot_per_head, int64_t threads, const Target& target, const RotaryParams& p,
+                           const KvStoreParams& s, const SetKvLaunch& l) {
+  if constexpr (kFloat8<B>) {
+    return cudaErrorInvalidValue;  // not reached: launch() keeps float8 buffers at one head a thread
+  } else {
+    // How many of a thread's 4 heads have loads in flight at once: the plain kernel's rule.
+    return rot_per_head >= 8 ? launch_pdl(set_kv_grouped_kernel<T, B, CT, V, 2>, threads, target, p, s, l)
+                             : launch_pdl(set_kv_grouped_kernel<T, B, CT, V, 4>, threads, target, p, s, l);
+  }
+}
+
 template <typename T, typename B, typename CT, int V>
 int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, cudaStream_t stream, int device) {
   const int32_t rot_per_head = p.rot_dim / 2 / V;
@@ -339,8 +452,21 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
   SetKvLaunch l;
   l.rot_units = (p.num_heads + p.num_kv_heads) * rot_per_head;
   l.pass_units = p.num_kv_heads * pass_per_head;
-  const int64_t per_token = static_cast<int64_t>(l.rot_units) + l.pass_units +
-                            static_cast<int64_t>(p.num_kv_heads) * value_per_head;
+  int64_t per_token = static_cast<int64_t>(l.rot_units) + l.pass_units +
+                      static_cast<int64_t>(p.num_kv_heads) * value_per_head;
+  // Large plain calls take several heads per thread (set_kv_grouped_kernel) from the plain
+  // kernel's threshold, 8 threads at one head each per thread the GPU holds at once. Float8
+  // buffers keep one head per thread, where they measured faster (benchmarks/README.md). MRoPE
+  // keeps one head per thread.
+  const int64_t resident = resident_threads(device);
+  const bool grouped = m == nullptr && !kFloat8<B> &&
+                       static_cast<int64_t>(p.num_tokens) * per_token >= 8 * resident;
+  if (grouped) {
+    l.groups = (p.num_heads + p.num_kv_heads + 3) / 4;
+    l.value_groups = (p.num_kv_heads + 3) / 4;
+    l.rot_units = l.groups * rot_per_head;
+    per_token = static_cast<int64_t>(l.rot_units) + l.pass_units + static_cast<int64_t>(l.value_groups) * value_per_head;
+  }
   l.units_per_token = FastDiv(static_cast<uint32_t>(per_token));
   l.rot_units_per_head = FastDiv(static_cast<uint32_t>(rot_per_head));
   l.pass_units_per_head = FastDiv(static_cast<uint32_t>(std::max(pass_per_head, 1)));
@@ -350,18 +476,22 @@ int launch(const RotaryParams& p, const KvStoreParams& s, const MropeParams* m, 
   l.sec = m ? make_sections(*m) : Sections{};
   const bool gather = m && needs_gather(l.sec, V);
   const Target target{stream, device};
-  const int64_t resident = resident_threads(device);
   const int64_t per_launch = tokens_per_launch(per_token);
   for (int64_t begin = 0; begin < p.num_tokens; begin += per_launch) {
     l.token_begin = static_cast<int32_t>(begin);
     l.token_end = static_cast<int32_t>(std::min<int64_t>(p.num_tokens, begin + per_launch));
     const int64_t threads = static_cast<int64_t>(l.token_end - l.token_begin) * per_token;
     const bool row_first = threads <= resident;
-    const cudaError_t err =
-        m ? (gather ? launch_pdl(set_kv_kernel<T, B, CT, V, true, false, true>, threads, target, p, s, l)
-                    : launch_pdl(set_kv_kernel<T, B, CT, V, true, false, false>, threads, target, p, s, l))
-          : (row_first ? launch_pdl(set_kv_kernel<T, B, CT, V, false, true>, threads, target, p, s, l)
-                       : launch_pdl(set_kv_kernel<T, B, CT, V, false, false>, threads, target, p, s, l));
+    cudaError_t err;
+    if (m) {
+      err = gather ? launch_pdl(set_kv_kernel<T, B, CT, V, true, false, true>, threads, target, p, s, l)
+                   : launch_pdl(set_kv_kernel<T, B, CT, V, true, false, false>, threads, target, p, s, l);
+    } else if (grouped) {
+      err = launch_grouped<T, B, CT, V>(rot_per_head, threads, target, p, s, l);
+    } else {
+      err = row_first ? launch_pdl(set_kv_kernel<T, B, CT, V, false, true>, threads, target, p, s, l)
+                      : launch_pdl(set_kv_kernel<T, B, CT, V, false, false>, threads, target, p, s, l);
+    }
     if (err != cudaSuccess) return static_cast<int>(err);
   }
   return 0;

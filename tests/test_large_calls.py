@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import rope_compat
-from cases import random_cache
+from cases import bits, random_cache
 from reference import rope_reference
-from rope_compat.ops import torch_impl
+from rope_compat.ops import kv_store, torch_impl
 from tolerances import assert_matches_reference
 
 pytestmark = pytest.mark.gpu
@@ -139,3 +139,87 @@ def test_large_call_gptj_widths(case):
 
     check_fused_call(positions, qkv, before, hq, hk, d, cache, False, offset, with_key)
     assert not torch.equal(qkv, before)
+
+
+# rotary_embedding_set_kv in large calls: several heads per thread for the rotation and for the
+# value (set_kv_grouped_kernel in csrc/fused_kv_store_kernel.cu), from the same threshold in
+# threads at one head each. (dtype, buffer dtype, cache dtype, heads, kv_heads, head_size,
+# rot_dim, rope_dim_offset, is_neox, k_scale, v_scale, cache_loc dtype).
+SET_KV_LARGE = {
+    "llama3-8b-bf16": (torch.bfloat16, torch.bfloat16, torch.float32, 32, 8, 128, 128, 0, True, None, None, torch.int64),
+    "64/8-fp8-scaled": (torch.bfloat16, torch.float8_e4m3fn, torch.float32, 64, 8, 128, 128, 0, True, 0.3, 0.7,
+                        torch.int32),
+    "gptj-partial-offset-f16": (torch.float16, torch.float32, torch.bfloat16, 16, 4, 128, 64, 32, False, None, 2.0,
+                                torch.int64),
+    "odd-heads-e5m2": (torch.bfloat16, torch.float8_e5m2, torch.float16, 12, 4, 80, 48, 8, True, 0.5, None,
+                       torch.int64),
+    "f32-mqa": (torch.float32, torch.bfloat16, torch.float64, 28, 1, 64, 64, 0, True, None, None, torch.int32),
+    "qwen2.5-7b-gqa": (torch.bfloat16, torch.float16, torch.float32, 28, 4, 128, 128, 0, False, 1.5, 0.5, torch.int64),
+}
+
+
+def set_kv_grouped_tokens(hq: int, hk: int, d: int, rot: int, dtype: torch.dtype) -> int:
+    """Tokens that put a set_kv call on the several-heads path, with a 25% margin: the kernel
+    takes it from 8 threads at one head each (rotation, pass-through and value vectors of a
+    token) per thread the GPU holds at once. V is the widest vector, so units are never
+    overcounted."""
+    v = 16 // torch.empty((), dtype=dtype).element_size()
+    while v > 1 and ((rot // 2) % v or d % v or rot % v):
+        v //= 2
+    per_token = (hq + hk) * (rot // 2 // v) + hk * ((d - rot) // v) + hk * (d // v)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    needed = -(-8 * sms * 2048 // per_token)
+    return needed + needed // 4
+
+
+@pytest.mark.parametrize("case", SET_KV_LARGE)
+def test_large_set_kv_call(case):
+    """The whole call against the Torch implementation: q/k at most one rounding apart, and the
+    buffers bit for bit as that implementation stores the kernel's own rotated key and the value
+    (poisoned rows not named stay as they were); sampled tokens against the float64 reference.
+    Some tokens name no row (-1, past the end) and some positions lie outside the cache."""
+    dtype, buf_dtype, cache_dtype, hq, hk, d, rot, offset, neox, k_scale, v_scale, loc_dtype = SET_KV_LARGE[case]
+    tokens = set_kv_grouped_tokens(hq, hk, d, rot, dtype)
+    qkv = torch.randn(tokens, (hq + 2 * hk) * d + 8, dtype=dtype, device="cuda")
+    q = qkv[:, : hq * d]
+    k = qkv[:, hq * d : (hq + hk) * d].unflatten(-1, (hk, d))
+    v = qkv[:, (hq + hk) * d : (hq + 2 * hk) * d]
+    cache = random_cache(8192, rot, cache_dtype, "cuda")
+    positions = torch.randint(0, cache.shape[0], (tokens,), device="cuda")
+    positions[torch.randint(0, tokens, (50,), device="cuda")] = cache.shape[0]  # not rotated, still stored
+    rows = 2 * tokens + 5
+    loc = torch.randperm(rows, device="cuda")[:tokens]
+    loc[torch.randint(0, tokens, (50,), device="cuda")] = -1
+    loc[torch.randint(0, tokens, (50,), device="cuda")] = rows
+    loc = loc.to(loc_dtype)
+    k_buf = torch.randn(rows, hk, d, device="cuda").to(buf_dtype)
+    v_buf = torch.randn(rows, hk * d, device="cuda").to(buf_dtype)
+    before = qkv.clone()
+    k_buf0, v_buf0 = k_buf.clone(), v_buf.clone()
+
+    rope_compat.rotary_embedding_set_kv(positions, q, k, d, cache, neox, v, k_buf, v_buf, loc, k_scale, v_scale,
+                                        rope_dim_offset=offset)
+
+    expected = before.clone()
+    eq, ek = expected[:, : hq * d], expected[:, hq * d : (hq + hk) * d]
+    kv_store.rotary_embedding_set_kv(positions, eq, ek, d, cache, neox, expected[:, (hq + hk) * d : (hq + 2 * hk) * d],
+                                     k_buf0.clone(), v_buf0.clone(), loc, k_scale, v_scale, offset)
+    assert_matches_reference(qkv, expected, "whole fused tensor vs the Torch implementation")
+    in_cache = positions < cache.shape[0]
+    idx = in_cache.nonzero().squeeze(1)[torch.randint(0, int(in_cache.sum()), (64,), device="cuda")]
+    rq, rk = rope_reference(positions[idx], before[idx, : hq * d], before[idx, hq * d : (hq + hk) * d], d, cache,
+                            neox, offset)
+    assert_matches_reference(q[idx], rq, "query")
+    assert_matches_reference(k[idx].flatten(1), rk, "key")
+    assert torch.equal(qkv[~in_cache], before[~in_cache])
+    # The buffers: what the Torch store makes of the kernel's own rotated key and the value, on
+    # the CPU, whose division by a scale is correctly rounded like the kernel's (torch on CUDA
+    # multiplies by the reciprocal, which can round a float8 value the other way).
+    cpu = [t.cpu() for t in (positions, q, k, cache, v, loc)]
+    want_k, want_v = k_buf0.cpu().clone(), v_buf0.cpu().clone()
+    layouts = kv_store.check_kv_store_args(cpu[0], cpu[1], cpu[2], d, cpu[3], cpu[4], want_k, want_v, cpu[5], k_scale,
+                                           v_scale, offset)
+    kv_store.store_key_value(cpu[2], cpu[4], want_k, want_v, layouts, cpu[5], k_scale, v_scale, d)
+    assert torch.equal(bits(k_buf), bits(want_k)), "k_buffer"
+    assert torch.equal(bits(v_buf), bits(want_v)), "v_buffer"
+    assert not torch.equal(bits(k_buf), bits(k_buf0))
