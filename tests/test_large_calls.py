@@ -27,19 +27,29 @@ SHAPES = {  # heads, kv_heads, head_size, rot_dim, is_neox
 }
 
 
-def several_heads_tokens(heads_total: int, rot_dim: int, offset: int, dtype: torch.dtype, at_least: int) -> int:
-    """A token count (at least `at_least`) that puts a call on the kernel's several-heads-per-thread
-    path on this GPU, with a 25% margin: launch() takes it from 8 units per resident thread (2048
-    per SM), a unit being one vector of V elements of each half of one head's rotated dims. V is
-    taken as the widest the kernel could pick, so the units are never overcounted."""
-    half = rot_dim // 2
+def widest_vector(dtype: torch.dtype, *sizes: int) -> int:
+    """The widest vector (16 bytes at most) dividing every size: at least the kernel's V, so units
+    counted with it are never overcounted."""
     v = 16 // torch.empty((), dtype=dtype).element_size()
-    while v > 1 and (half % v or offset % v):
+    while v > 1 and any(size % v for size in sizes):
         v //= 2
-    units_per_token = heads_total * (half // v)
+    return v
+
+
+def threshold_tokens(units_per_token: int, at_least: int = 1) -> int:
+    """A token count (at least `at_least`) past the kernels' several-heads threshold on this GPU,
+    with a 25% margin: launch() takes that path from 8 units (threads at one head each) per
+    resident thread (2048 per SM)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     needed = -(-8 * sms * 2048 // units_per_token)
     return max(at_least, needed + needed // 4)
+
+
+def several_heads_tokens(heads_total: int, rot_dim: int, offset: int, dtype: torch.dtype, at_least: int) -> int:
+    """Tokens that put a rotation call on the several-heads path; a unit is one vector of V
+    elements of each half of one head's rotated dims."""
+    half = rot_dim // 2
+    return threshold_tokens(heads_total * (half // widest_vector(dtype, half, offset)), at_least)
 
 
 def check_fused_call(positions, qkv, before, hq, hk, d, cache, neox, offset=0, with_key=True):
@@ -143,8 +153,9 @@ def test_large_call_gptj_widths(case):
 
 # rotary_embedding_set_kv in large calls: several heads per thread for the rotation and for the
 # value (set_kv_grouped_kernel in csrc/fused_kv_store_kernel.cu), from the same threshold in
-# threads at one head each. (dtype, buffer dtype, cache dtype, heads, kv_heads, head_size,
-# rot_dim, rope_dim_offset, is_neox, k_scale, v_scale, cache_loc dtype).
+# threads at one head each; float8 buffers stay at one head per thread in calls that size (the
+# two float8 cases). (dtype, buffer dtype, cache dtype, heads, kv_heads, head_size, rot_dim,
+# rope_dim_offset, is_neox, k_scale, v_scale, cache_loc dtype).
 SET_KV_LARGE = {
     "llama3-8b-bf16": (torch.bfloat16, torch.bfloat16, torch.float32, 32, 8, 128, 128, 0, True, None, None, torch.int64),
     "64/8-fp8-scaled": (torch.bfloat16, torch.float8_e4m3fn, torch.float32, 64, 8, 128, 128, 0, True, 0.3, 0.7,
@@ -159,17 +170,10 @@ SET_KV_LARGE = {
 
 
 def set_kv_grouped_tokens(hq: int, hk: int, d: int, rot: int, dtype: torch.dtype) -> int:
-    """Tokens that put a set_kv call on the several-heads path, with a 25% margin: the kernel
-    takes it from 8 threads at one head each (rotation, pass-through and value vectors of a
-    token) per thread the GPU holds at once. V is the widest vector, so units are never
-    overcounted."""
-    v = 16 // torch.empty((), dtype=dtype).element_size()
-    while v > 1 and ((rot // 2) % v or d % v or rot % v):
-        v //= 2
-    per_token = (hq + hk) * (rot // 2 // v) + hk * ((d - rot) // v) + hk * (d // v)
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    needed = -(-8 * sms * 2048 // per_token)
-    return needed + needed // 4
+    """Tokens past the same threshold for a set_kv call, whose units are a token's rotation,
+    pass-through and value vectors (one head each)."""
+    v = widest_vector(dtype, rot // 2, d, rot)
+    return threshold_tokens((hq + hk) * (rot // 2 // v) + hk * ((d - rot) // v) + hk * (d // v))
 
 
 @pytest.mark.parametrize("case", SET_KV_LARGE)
