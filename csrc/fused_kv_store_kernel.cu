@@ -226,6 +226,21 @@ __device__ __forceinline__ void store_float8_pair(B* d1, B* d2, const Vec<T, V>&
   store_row<B, T, V>(d2, y, scale, inv);
 }
 
+// A pass-through vector of the key (unit r of its token, past the rotation units): copied from
+// the key to its k_buffer row, one head a thread in both kernels.
+template <typename T, typename B, int V>
+__device__ __forceinline__ void store_pass_through(const RotaryParams& p, const KvStoreParams& s, const SetKvLaunch& l,
+                                                   T* k_tok, int64_t loc, int32_t r) {
+  if (loc < 0 || loc >= s.k_rows) return;
+  const int32_t u = r - l.rot_units;
+  const int32_t h = static_cast<int32_t>(l.pass_units_per_head.div(u));
+  int32_t e = (u - h * static_cast<int32_t>(l.pass_units_per_head.d)) * V;
+  if (e >= p.rope_dim_offset) e += p.rot_dim;
+  const Vec<T, V> x = load_stream<T, V>(k_tok + h * p.k_head_stride + e);
+  store_row<B, T, V>(static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + h * s.k_head_stride + e, x, s.k_scale,
+                     s.k_inv_scale);
+}
+
 // kMrope: the MRoPE op (mrope_rotary_embedding_set_kv). positions is the temporal row of
 // [3, T] (seq_len = T), and pair i takes its cos/sin from the row of its section (kGather: one
 // scalar load per pair; else two vectors from one row, where no section boundary falls inside
@@ -313,14 +328,8 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
     }
     return;
   }
-  if (r < l.rot_units + l.pass_units) {  // a pass-through vector of the key
-    if (loc < 0 || loc >= s.k_rows) return;
-    const int32_t u = r - l.rot_units;
-    const int32_t h = static_cast<int32_t>(l.pass_units_per_head.div(u));
-    int32_t e = (u - h * static_cast<int32_t>(l.pass_units_per_head.d)) * V;
-    if (e >= p.rope_dim_offset) e += p.rot_dim;
-    const Vec<T, V> x = load_stream<T, V>(k_tok + h * p.k_head_stride + e);
-    store_row<B, T, V>(static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + h * s.k_head_stride + e, x, s.k_scale, s.k_inv_scale);
+  if (r < l.rot_units + l.pass_units) {
+    store_pass_through<T, B, V>(p, s, l, k_tok, loc, r);
     return;
   }
   if (loc < 0 || loc >= s.v_rows) return;  // a vector of the value
@@ -338,8 +347,8 @@ __global__ void __launch_bounds__(kBlock) set_kv_kernel(const RotaryParams p, co
 // one, as the plain kernel's large calls do, so that each thread has more loads in flight behind
 // one position and one cos/sin row. A rotation thread takes heads g, g + groups, ... (q heads,
 // then k heads), kBatch of them loaded at once; a value thread takes heads vg, vg + value_groups,
-// ..., all loaded before any is stored. Pass-through vectors stay one head a thread (the same
-// code as set_kv_kernel). Same results as set_kv_kernel, element for element.
+// ..., all loaded before any is stored. Pass-through vectors stay one head a thread
+// (store_pass_through). Same results as set_kv_kernel, element for element.
 template <typename T, typename B, typename CT, int V, int kBatch>
 __global__ void __launch_bounds__(kBlock) set_kv_grouped_kernel(const RotaryParams p, const KvStoreParams s,
                                                                 const SetKvLaunch l) {
@@ -403,14 +412,8 @@ __global__ void __launch_bounds__(kBlock) set_kv_grouped_kernel(const RotaryPara
     }
     return;
   }
-  if (r < l.rot_units + l.pass_units) {  // a pass-through vector of the key
-    if (loc < 0 || loc >= s.k_rows) return;
-    const int32_t u = r - l.rot_units;
-    const int32_t h = static_cast<int32_t>(l.pass_units_per_head.div(u));
-    int32_t e = (u - h * static_cast<int32_t>(l.pass_units_per_head.d)) * V;
-    if (e >= p.rope_dim_offset) e += p.rot_dim;
-    const Vec<T, V> x = load_stream<T, V>(k_tok + h * p.k_head_stride + e);
-    store_row<B, T, V>(static_cast<B*>(s.k_buffer) + loc * s.k_row_stride + h * s.k_head_stride + e, x, s.k_scale, s.k_inv_scale);
+  if (r < l.rot_units + l.pass_units) {
+    store_pass_through<T, B, V>(p, s, l, k_tok, loc, r);
     return;
   }
   if (loc < 0 || loc >= s.v_rows) return;  // value vectors of kHeads heads
