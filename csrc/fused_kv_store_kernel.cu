@@ -375,6 +375,7 @@ __global__ void __launch_bounds__(kBlock) set_kv_grouped_kernel(const RotaryPara
     const int32_t e1 = p.rope_dim_offset + (p.is_neox ? j * V : 2 * j * V);
     const int32_t e2 = p.is_neox ? e1 + half : e1 + V;
     const int32_t heads_total = p.num_heads + p.num_kv_heads;
+    T* const q_tok = static_cast<T*>(p.query) + b * p.q_batch_stride + t * p.q_token_stride;
     const bool store_key = loc >= 0 && loc < s.k_rows;
     B* const k_row = static_cast<B*>(s.k_buffer) + loc * s.k_row_stride;
     float c[V], sn[V];
@@ -383,15 +384,7 @@ __global__ void __launch_bounds__(kBlock) set_kv_grouped_kernel(const RotaryPara
     for (int32_t h0 = g; h0 < heads_total; h0 += kBatch * l.groups) {
       Vec<T, V> x[kBatch], y[kBatch];
       T* head[kBatch];
-#pragma unroll
-      for (int m = 0; m < kBatch; ++m) {
-        const int32_t h = h0 + m * l.groups;
-        head[m] = h < p.num_heads     ? static_cast<T*>(p.query) + b * p.q_batch_stride + t * p.q_token_stride +
-                                        h * p.q_head_stride
-                  : h < heads_total ? k_tok + (h - p.num_heads) * p.k_head_stride
-                                    : nullptr;
-        if (head[m] != nullptr) x[m] = load_stream<T, V>(head[m] + e1), y[m] = load_stream<T, V>(head[m] + e2);
-      }
+      load_heads<T, V, kBatch>(p, q_tok, k_tok, heads_total, h0, l.groups, e1, e2, head, x, y);
       if (!have_cos_sin && in_cache) {
         CosSinRow<CT, V> cs;
         cs.load(static_cast<const CT*>(p.cache) + row * p.cache_row_stride + j * V, half);

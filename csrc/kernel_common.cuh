@@ -67,6 +67,26 @@ __device__ __forceinline__ void store_stream(T* ptr, const Vec<T, V>& v) {
   }
 }
 
+// Heads h0, h0 + stride, ... (kBatch of them) of one token, q heads then k heads below
+// heads_total: their pointers (nullptr past the last) and both vectors of each, every load issued
+// before any is used, so that a thread has kBatch heads' loads in flight at once.
+template <typename T, int V, int kBatch>
+__device__ __forceinline__ void load_heads(const RotaryParams& p, T* q_tok, T* k_tok, int32_t heads_total, int32_t h0,
+                                           int32_t stride, int32_t e1, int32_t e2, T* (&head)[kBatch],
+                                           Vec<T, V> (&x)[kBatch], Vec<T, V> (&y)[kBatch]) {
+#pragma unroll
+  for (int m = 0; m < kBatch; ++m) {
+    const int32_t h = h0 + m * stride;
+    head[m] = h < p.num_heads     ? q_tok + h * p.q_head_stride
+              : h < heads_total ? k_tok + (h - p.num_heads) * p.k_head_stride
+                                : nullptr;
+    if (head[m] != nullptr) {
+      x[m] = load_stream<T, V>(head[m] + e1);
+      y[m] = load_stream<T, V>(head[m] + e2);
+    }
+  }
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(double x) { return static_cast<float>(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }

@@ -116,17 +116,7 @@ __global__ void __launch_bounds__(kBlock) mrope_kernel(const RotaryParams p, con
   for (int32_t h0 = group; h0 < heads_total; h0 += kHeadsPerBatch * groups) {
     Vec<T, V> x[kHeadsPerBatch], y[kHeadsPerBatch];
     T* head[kHeadsPerBatch];
-#pragma unroll
-    for (int m = 0; m < kHeadsPerBatch; ++m) {
-      const int32_t h = h0 + m * groups;
-      head[m] = h < p.num_heads     ? q_tok + h * p.q_head_stride
-                : h < heads_total ? k_tok + (h - p.num_heads) * p.k_head_stride
-                                  : nullptr;
-      if (head[m] != nullptr) {
-        x[m] = load_stream<T, V>(head[m] + e1);
-        y[m] = load_stream<T, V>(head[m] + e2);
-      }
-    }
+    load_heads<T, V, kHeadsPerBatch>(p, q_tok, k_tok, heads_total, h0, groups, e1, e2, head, x, y);
     if (!have_cos_sin) {
       const float sign = p.inverse ? -1.f : 1.f;
 #pragma unroll
