@@ -6,14 +6,11 @@ row (t/h/w), so a pair that read the wrong row would be visible. Outputs of the 
 start poisoned: pass-through dims and untouched tokens must come back bit for bit.
 """
 
-import types
-
 import pytest
 import torch
 
 import rope_compat
 from rope_compat.ops import extension
-from rope_compat.ops.mrope import check_mrope_args
 
 from cases import _qk, bits, random_cache
 from reference import mrope_pair_sections, mrope_reference

@@ -30,7 +30,7 @@ import torch
 from .. import api
 from . import _state as state
 from . import alias
-from ._bindings import distinct_copy, module_bindings, rebind
+from ._bindings import distinct_copy, rebind
 from .status import PatchStatus, bound_names, patch_status
 
 VLLM_OP = "_C::rotary_embedding"
