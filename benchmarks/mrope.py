@@ -11,6 +11,7 @@ Columns:
   ours-bf16    the same with a bf16 cache (the cache dtype vLLM's layer uses)
   plain        rope_compat.rotary_embedding on the temporal row, same q/k, float32 cache:
                the target is ours <= 1.1x plain
+  plain-bf16   the same with the bf16 cache (the ratio bf16/plain compares like with like)
   ours+kv      rope_compat.mrope_rotary_embedding_set_kv: the same rotation plus the key and
                value stored at random rows of bf16 KV buffers larger than 2.5x the L2
   plain+kv     rope_compat.rotary_embedding_set_kv on the temporal row, same inputs
@@ -197,6 +198,8 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
                 sets[i].positions, sets[i].q, sets[i].k, head, cache_bf16, True, sections, interleaved),
             "plain": lambda i: rope_compat.rotary_embedding(
                 sets[i].positions[0], sets[i].q, sets[i].k, head, cache, True),
+            "plain-bf16": lambda i: rope_compat.rotary_embedding(
+                sets[i].positions[0], sets[i].q, sets[i].k, head, cache_bf16, True),
             "ours+kv": lambda i: rope_compat.mrope_rotary_embedding_set_kv(
                 sets[i].positions, sets[i].q, sets[i].k, head, cache, True, sections, sets[i].v, k_buf, v_buf,
                 sets[i].loc, mrope_interleaved=interleaved),
@@ -214,9 +217,10 @@ def run_shape(name: str, tokens_list: List[int], peer, peer_error: Optional[str]
             impls["vllm-kernel"] = lambda i: peer.triton_mrope(
                 sets[i].qc, sets[i].kc, sets[i].cos, sets[i].sin, sections, head, rot, interleaved, True)
         row = {"shape": name, "tokens": tokens, "sets": n_sets}
-        for impl, step in impls.items():
-            if impl not in columns:
+        for impl in columns:  # in the order given, so that a change of order can be timed
+            if impl not in impls:
                 continue
+            step = impls[impl]
             try:
                 t = cuda_graph_us(step, n_sets, calls_per_graph=CALLS_PER_GRAPH)
                 row[impl] = t.median
@@ -251,7 +255,7 @@ def check_against_peer(peer, name: str) -> str:
     return f"{name}: max |ours - vLLM kernel| = {diff:.4g} (rotation moves values by up to {changed:.3g})"
 
 
-COLUMNS = ["ours", "ours-bf16", "plain", "ours+kv", "plain+kv", "vllm-fwd", "vllm-kernel"]
+COLUMNS = ["ours", "ours-bf16", "plain", "plain-bf16", "ours+kv", "plain+kv", "vllm-fwd", "vllm-kernel"]
 
 
 def _fmt(v: Optional[float]) -> str:
@@ -264,13 +268,14 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
 
 def print_header() -> None:
     cols = "".join(f"{c:>12}" for c in COLUMNS)
-    print(f"{'shape':<14}{'tokens':>7}{cols}{'ours/plain':>12}{'kv/plain':>10}{'fwd/ours':>10}{'kern/ours':>10}")
+    print(f"{'shape':<14}{'tokens':>7}{cols}{'ours/plain':>12}{'bf16/plain':>12}{'kv/plain':>10}{'fwd/ours':>10}{'kern/ours':>10}")
 
 
 def print_row(row: dict, spread: bool) -> None:
     cols = "".join(f"{_fmt(row.get(c)):>12}" for c in COLUMNS)
     print(f"{row['shape']:<14}{row['tokens']:>7}{cols}"
           f"{_ratio(row.get('ours'), row.get('plain')):>12}"
+          f"{_ratio(row.get('ours-bf16'), row.get('plain-bf16')):>12}"
           f"{_ratio(row.get('ours+kv'), row.get('plain+kv')):>10}"
           f"{_ratio(row.get('vllm-fwd'), row.get('ours')):>10}"
           f"{_ratio(row.get('vllm-kernel'), row.get('ours')):>10}", flush=True)
@@ -286,7 +291,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--peer-dir", default=None, help="folder holding vLLM's mrope.py")
     ap.add_argument("--spread", action="store_true", help="print min..max of every figure")
-    ap.add_argument("--columns", default=",".join(COLUMNS), help="which columns to time (default: all)")
+    ap.add_argument("--columns", default=",".join(COLUMNS), help="which columns to time, in this order (default: all)")
     ap.add_argument("--positions", default="random", choices=POSITIONS,
                     help="how a token's three cache rows are drawn (default: random, independent)")
     args = ap.parse_args(argv)
@@ -324,6 +329,7 @@ def main(argv=None) -> int:
     print_header()
     for name in shapes:
         run_shape(name, tokens, peer, peer_error, args.spread, columns, args.positions)
+    print("bf16/plain: ours-bf16 / plain-bf16, the same ratio with bf16 caches")
     print("kv/plain: ours+kv / plain+kv, the same ratio with the KV store fused")
     print("targets: ours/plain <= 1.1; fwd/ours (vLLM's call) >= 1.5 at 1-128 tokens, >= 1.2 from 8192")
     return 0

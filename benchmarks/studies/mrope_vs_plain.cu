@@ -22,7 +22,7 @@
 // linked from their own source files, as the extension links them:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/mrope_vs_plain benchmarks/studies/mrope_vs_plain.cu \
 //       csrc/mrope_kernel.cu csrc/rotary_embedding_kernel.cu
-//   /tmp/mrope_vs_plain [tokens,...]
+//   /tmp/mrope_vs_plain [tokens,...]          (CACHE=bf16 in the environment: both kernels read a bf16 cache)
 // To time another version of the MRoPE kernel, link its .cu file instead of csrc/mrope_kernel.cu.
 #include "mrope.h"
 #include "rotary_embedding.h"
@@ -63,8 +63,14 @@ struct Set {
   int64_t* pos;  // [3, T]
 };
 
+// With CACHE=bf16 in the environment both kernels read a bf16 copy of the cache (after the
+// check, which is against the float32 one); the floors keep the float32 cache.
+const __nv_bfloat16* g_cache_bf16 = nullptr;
+
 RotaryParams params(const Shape& s, const Set& set, const float* cache, int tokens) {
-  return fused_qkv_params(set.qkv, set.pos, cache, kCacheRows, tokens, s.hq, s.hk, s.d, s.d, true);
+  RotaryParams p = fused_qkv_params(set.qkv, set.pos, cache, kCacheRows, tokens, s.hq, s.hk, s.d, s.d, true);
+  if (g_cache_bf16 != nullptr) p.cache = g_cache_bf16, p.cache_dtype = DType::kBFloat16;
+  return p;
 }
 
 MropeParams mrope_params(const Shape& s, int tokens) {
@@ -188,6 +194,16 @@ int main(int argc, char** argv) {
     }
   }
 
+  const char* cache_env = std::getenv("CACHE");
+  if (cache_env != nullptr && std::string(cache_env) == "bf16") {
+    std::vector<__nv_bfloat16> c16(cache.size());
+    for (size_t i = 0; i < cache.size(); ++i) c16[i] = __float2bfloat16(cache[i]);
+    __nv_bfloat16* d16;
+    CK(cudaMalloc(&d16, c16.size() * 2));
+    CK(cudaMemcpy(d16, c16.data(), c16.size() * 2, cudaMemcpyHostToDevice));
+    g_cache_bf16 = d16;
+    printf("both kernels read a bf16 cache (floors: float32)\n");
+  }
   printf("%-14s %7s %10s %10s %10s %11s %12s %9s %9s %13s\n", "shape", "tokens", "mrope us", "plain us", "mrope/plain",
          "same-rows us", "same/plain", "floor1", "floor3", "floor3/floor1");
   for (const Shape& s : shapes) {
