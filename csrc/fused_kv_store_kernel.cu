@@ -151,8 +151,8 @@ __device__ __forceinline__ void to_floats(const Vec<T, V>& x, float (&f)[V]) {
 
 // A vector of a KV-cache row, stored with the evict-first hint, as q/k are (store_stream), at
 // every vector width a row takes (float8 rows give 8- and 4-byte vectors): this kernel never
-// reads the rows back. Against plain stores it measured faster at decode sizes and from 8192
-// tokens, the same in between (benchmarks/README.md, fused store).
+// reads the rows back. Against plain stores it measured faster at 1 token and from 8192 tokens,
+// the same in between (benchmarks/README.md, fused store).
 template <typename U, int N>
 __device__ __forceinline__ void store_kv(void* dst, const Vec<U, N>& v) {
   constexpr int kBytes = sizeof(Vec<U, N>);
