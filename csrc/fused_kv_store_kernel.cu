@@ -149,34 +149,20 @@ __device__ __forceinline__ void to_floats(const Vec<T, V>& x, float (&f)[V]) {
   for (int i = 0; i < V; ++i) f[i] = to_float(x.v[i]);
 }
 
-// A vector of a KV-cache row, stored with the evict-first hint, as q/k are (store_stream), at
-// every vector width a row takes (float8 rows give 8- and 4-byte vectors): this kernel never
-// reads the rows back. Against plain stores it measured faster at 1 token and from 8192 tokens,
-// the same in between (benchmarks/README.md, fused store).
-template <typename U, int N>
-__device__ __forceinline__ void store_kv(void* dst, const Vec<U, N>& v) {
-  constexpr int kBytes = sizeof(Vec<U, N>);
-  if constexpr (kBytes == 16) {
-    __stcs(reinterpret_cast<int4*>(dst), *reinterpret_cast<const int4*>(&v));
-  } else if constexpr (kBytes == 8) {
-    __stcs(reinterpret_cast<int2*>(dst), *reinterpret_cast<const int2*>(&v));
-  } else if constexpr (kBytes == 4) {
-    __stcs(reinterpret_cast<int*>(dst), *reinterpret_cast<const int*>(&v));
-  } else {
-    *reinterpret_cast<Vec<U, N>*>(dst) = v;
-  }
-}
-
 // Stores x / scale, converted to the buffer type. Without a scale (1) no division is done:
 // x / 1 is x exactly, and the branch is the same for the whole launch; a buffer of x's own type
 // then takes x's bits as they are, with no round trip through float (which would also make a
 // NaN canonical). Buffers of 16 bits or fewer take finite_quotient and its special cases,
 // wider ones the division.
+// Every KV-row store here (and in store_float8_pair) carries the evict-first hint at every
+// width a row takes (float8 rows give 8- and 4-byte vectors), as q/k stores do: this kernel
+// never reads the rows back. Against plain stores it measured faster at 1 token and from 8192
+// tokens, the same in between (benchmarks/README.md, fused store).
 template <typename B, typename T, int V>
 __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scale, float inv) {
   if constexpr (std::is_same_v<B, T>) {
     if (scale == 1.f) {
-      store_kv(dst, x);
+      store_evict_first(dst, x);
       return;
     }
   }
@@ -187,7 +173,7 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
     Vec<uint32_t, V / 4> out;
     if ((scale != 1.f ? float8_common<B, V, true>(f, scale, inv, out)
                       : float8_common<B, V, false>(f, scale, inv, out)) == 0) {
-      store_kv(dst, out);
+      store_evict_first(dst, out);
       return;
     }
   }
@@ -215,7 +201,7 @@ __device__ __forceinline__ void store_row(B* dst, const Vec<T, V>& x, float scal
 #pragma unroll
     for (int i = 0; i < V; ++i) out.v[i] = convert<B>(f[i]);
   }
-  store_kv(dst, out);
+  store_evict_first(dst, out);
 }
 
 // The two vectors of a rotated key into a float8 buffer. Both are converted before the one
@@ -235,8 +221,8 @@ __device__ __forceinline__ void store_float8_pair(B* d1, B* d2, const Vec<T, V>&
                                           : float8_common<B, V, false>(fx, scale, inv, ox) |
                                                 float8_common<B, V, false>(fy, scale, inv, oy);
     if (special == 0) {
-      store_kv(d1, ox);
-      store_kv(d2, oy);
+      store_evict_first(d1, ox);
+      store_evict_first(d2, oy);
       return;
     }
   }

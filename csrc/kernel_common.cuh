@@ -58,10 +58,28 @@ __device__ __forceinline__ Vec<T, V> load_stream(const T* ptr) {
   }
 }
 
+// A store with the evict-first hint at every width __stcs takes (16, 8 or 4 bytes); other
+// widths are plain stores.
+template <typename U, int N>
+__device__ __forceinline__ void store_evict_first(void* ptr, const Vec<U, N>& v) {
+  constexpr int kBytes = sizeof(Vec<U, N>);
+  if constexpr (kBytes == 16) {
+    __stcs(reinterpret_cast<int4*>(ptr), *reinterpret_cast<const int4*>(&v));
+  } else if constexpr (kBytes == 8) {
+    __stcs(reinterpret_cast<int2*>(ptr), *reinterpret_cast<const int2*>(&v));
+  } else if constexpr (kBytes == 4) {
+    __stcs(reinterpret_cast<int*>(ptr), *reinterpret_cast<const int*>(&v));
+  } else {
+    *reinterpret_cast<Vec<U, N>*>(ptr) = v;
+  }
+}
+
+// q/k vectors take the hint at 16 bytes only; narrower ones are stored plainly (as the plain
+// and MRoPE kernels were timed).
 template <typename T, int V>
 __device__ __forceinline__ void store_stream(T* ptr, const Vec<T, V>& v) {
   if constexpr (sizeof(Vec<T, V>) == 16) {
-    __stcs(reinterpret_cast<int4*>(ptr), *reinterpret_cast<const int4*>(&v));
+    store_evict_first(ptr, v);
   } else {
     *reinterpret_cast<Vec<T, V>*>(ptr) = v;
   }
